@@ -1,0 +1,37 @@
+# Two commands a newcomer needs: `make run` and `make test`. Both bootstrap .venv idempotently.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch; on a GPU host use e.g. `make TORCH_SPEC=torch==2.11.0 run`.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.opsynth-installed
+
+.PHONY: run test lint format setup clean
+
+$(STAMP): pyproject.toml Makefile
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null || echo "warning: bubblewrap not installed; sandbox falls back to rlimits"; \
+	  else echo "warning: bubblewrap missing (install the Debian package 'bubblewrap'); sandbox falls back to rlimits"; fi; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/opsynth run --out runs/default
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,253 @@
+"""The KernelBench reference index: what decontamination compares against, stored offline.
+
+The metric only reads AST structure (node types and children), so the index keeps exactly that
+for each problem's ``Model`` class, as one shared table of interned trees, plus the problem's
+level, id, name and path and a digest of its source. No source text is stored, so the index
+can ship with the project and decontamination runs on a fresh machine without network access.
+
+Build it with::
+
+    python -m ast_dedup.index --source /path/to/kernelbench.jsonl   # a local export
+    python -m ast_dedup.index --hub                    # ScalingIntelligence/KernelBench
+
+A structure index is tied to the Python AST grammar it was built with; loading it under another
+minor version warns, because node types can differ between versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import sys
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ast_dedup.source import parse_task_code
+from ast_dedup.tree import Interner
+
+FORMAT = 1
+HUB_DATASET = "ScalingIntelligence/KernelBench"
+DEFAULT_INDEX_PATH = Path(__file__).resolve().parents[1] / "data" / "kernelbench_index.json.gz"
+DEFAULT_LEVELS = (1, 2, 3)
+SOURCE_NOTE = {
+    "repository": "github.com/ScalingIntelligence/KernelBench",
+    "hub_dataset": HUB_DATASET,
+    "commit": "423217d9fda91e0c2d67e4a43bf62f96f6d104f1",
+    "folder": "KernelBench/",
+    "license": "MIT",
+    "copyright": "Copyright (c) 2023 Anne Ouyang, Simon Guo, Azalia Mirhoseini",
+    "content": (
+        "AST structure (node types and children) of each problem's Model class, with level, "
+        "problem_id, name, path and the sha256 of the source; no source text"
+    ),
+}
+
+
+class KernelBenchIndexError(ValueError):
+    """The index file is missing, malformed, or lacks what was asked of it."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One KernelBench problem as the index knows it; ``root`` indexes ``KernelBenchIndex.rows``
+    (None when the problem has no parseable ``Model`` class)."""
+
+    level: int
+    problem_id: int
+    name: str
+    path: str
+    code_sha256: str
+    root: int | None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.level, self.problem_id)
+
+
+@dataclass(frozen=True)
+class KernelBenchIndex:
+    problems: tuple[Problem, ...]
+    label_names: tuple[str, ...]
+    rows: tuple[tuple[int, ...], ...]
+    meta: dict[str, Any]
+
+    @property
+    def levels(self) -> list[int]:
+        return sorted({p.level for p in self.problems})
+
+    def select(self, levels: Iterable[int]) -> list[Problem]:
+        """Problems of ``levels`` that have a Model class, in (level, problem_id) order."""
+        wanted = set(levels)
+        missing = wanted - set(self.levels)
+        if missing:
+            raise KernelBenchIndexError(
+                f"the KernelBench index has levels {self.levels}, not {sorted(missing)}; "
+                "rebuild it with `python -m ast_dedup.index --levels ...`"
+            )
+        chosen = [p for p in self.problems if p.level in wanted and p.root is not None]
+        return sorted(chosen, key=lambda p: p.key)
+
+    def intern_into(self, trees: Interner, problems: Sequence[Problem]) -> list[int]:
+        """Intern the Model trees of ``problems`` into ``trees``; returns their root ids."""
+        return trees.load(
+            list(self.label_names), [list(r) for r in self.rows], [p.root for p in problems]
+        )
+
+    # -- persistence ------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "meta": self.meta,
+            "labels": list(self.label_names),
+            "nodes": [list(r) for r in self.rows],
+            "problems": [
+                {
+                    "level": p.level,
+                    "problem_id": p.problem_id,
+                    "name": p.name,
+                    "path": p.path,
+                    "code_sha256": p.code_sha256,
+                    "root": p.root,
+                }
+                for p in self.problems
+            ],
+        }
+
+    def save(self, path: Path) -> None:
+        """Write gzip'd JSON deterministically (no name or mtime in the gzip header), so
+        rebuilding from the same source yields the same bytes."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob = json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with (
+            open(tmp, "wb") as raw,
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz,
+        ):
+            gz.write(blob)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> KernelBenchIndex:
+        path = Path(path) if path is not None else DEFAULT_INDEX_PATH
+        if not path.is_file():
+            raise KernelBenchIndexError(
+                f"KernelBench index {path} does not exist; build it with "
+                "`python -m ast_dedup.index --source kernelbench.jsonl`"
+            )
+        try:
+            with gzip.open(path, "rt") as fh:
+                data = json.load(fh)
+        except (OSError, json.JSONDecodeError, EOFError) as exc:
+            raise KernelBenchIndexError(f"KernelBench index {path} is unreadable: {exc}") from exc
+        if data.get("format") != FORMAT:
+            raise KernelBenchIndexError(f"KernelBench index {path} has format {data.get('format')}")
+        built_with = data.get("meta", {}).get("python")
+        running = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if built_with != running:
+            warnings.warn(
+                f"KernelBench index built with Python {built_with} AST, running {running}; "
+                "rebuild it for exact scores",
+                stacklevel=2,
+            )
+        problems = tuple(Problem(**p) for p in data["problems"])
+        return cls(
+            problems=problems,
+            label_names=tuple(data["labels"]),
+            rows=tuple(tuple(r) for r in data["nodes"]),
+            meta=data.get("meta", {}),
+        )
+
+
+def build_index(records: Iterable[dict[str, Any]], levels: Iterable[int]) -> KernelBenchIndex:
+    """Index the ``Model`` classes of KernelBench records (``level``, ``problem_id``, ``name``,
+    ``code``, optional ``path``) of the given levels."""
+    wanted = set(levels)
+    trees = Interner()
+    entries: list[tuple[dict[str, Any], int | None]] = []
+    for rec in records:
+        level = int(rec["level"])
+        if level not in wanted:
+            continue
+        parsed = parse_task_code(rec["code"])
+        root = trees.add_ast(parsed.model) if parsed.ok else None
+        entries.append((rec, root))
+    entries.sort(key=lambda e: (int(e[0]["level"]), int(e[0]["problem_id"])))
+    roots = [root for _, root in entries if root is not None]
+    label_names, rows, new_roots = trees.export(roots)
+    remap = dict(zip(roots, new_roots, strict=True))
+    problems = tuple(
+        Problem(
+            level=int(rec["level"]),
+            problem_id=int(rec["problem_id"]),
+            name=str(rec["name"]),
+            path=str(rec.get("path") or ""),
+            code_sha256=hashlib.sha256(rec["code"].encode()).hexdigest(),
+            root=remap[root] if root is not None else None,
+        )
+        for rec, root in entries
+    )
+    meta = {
+        "source": SOURCE_NOTE,
+        "levels": sorted({p.level for p in problems}),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "problems": len(problems),
+        "without_model_class": sum(p.root is None for p in problems),
+    }
+    return KernelBenchIndex(problems, tuple(label_names), tuple(tuple(r) for r in rows), meta)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def read_hub(levels: Iterable[int]) -> list[dict[str, Any]]:
+    """Records from the Hugging Face dataset (splits ``level_<n>``); needs network access."""
+    from datasets import load_dataset
+
+    records = []
+    for level in sorted(set(levels)):
+        for row in load_dataset(HUB_DATASET, split=f"level_{level}"):
+            records.append(
+                {
+                    "level": int(row.get("level", level)),
+                    "problem_id": int(row["problem_id"]),
+                    "name": row["name"],
+                    "path": f"KernelBench/level{level}/{row['problem_id']}_{row['name']}.py",
+                    "code": row["code"],
+                }
+            )
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ast_dedup.index", description=__doc__)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--source", type=Path, help="KernelBench jsonl (level, problem_id, ...)")
+    where.add_argument("--hub", action="store_true", help=f"download {HUB_DATASET}")
+    parser.add_argument("--levels", type=int, nargs="+", default=list(DEFAULT_LEVELS))
+    parser.add_argument("--out", type=Path, default=DEFAULT_INDEX_PATH)
+    args = parser.parse_args(argv)
+    records = read_jsonl(args.source) if args.source else read_hub(args.levels)
+    index = build_index(records, args.levels)
+    if not index.problems:
+        print(f"no KernelBench problems of levels {args.levels} in the source", file=sys.stderr)
+        return 1
+    index.save(args.out)
+    counts = {lvl: sum(p.level == lvl for p in index.problems) for lvl in index.levels}
+    print(
+        f"wrote {args.out}: {len(index.problems)} problems {counts}, "
+        f"{len(index.rows)} distinct subtrees, {index.meta['without_model_class']} without Model"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

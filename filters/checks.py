@@ -1,0 +1,662 @@
+"""The execution checks, run inside one sandboxed candidate process, cheapest first.
+
+``run_candidate`` imports the candidate's source, then runs the stages in ``STAGES`` order and
+reports one verdict row per stage through ``emit`` as soon as the stage ends, stopping at the
+first failure. Streaming matters: if a later stage kills the process (segfault, timeout), the
+worker still has the earlier verdicts and knows which stage was running.
+
+This module runs on GPU hosts that only have torch: it imports torch and the standard library
+only. Every tolerance comes from the settings the orchestrator sends (``FiltersConfig``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import importlib.util
+import math
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from filters.reasons import STAGES
+
+Emit = Callable[[dict[str, Any]], None]
+
+# Fixed seeds: the same candidate gets the same weights and inputs on every host and run.
+SEED_INIT = 0
+SEED_INPUTS = 1000
+SEED_RUN = 2000
+
+CANDIDATE_MODULE = "candidate"
+DETAIL_LIMIT = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The subset of ``FiltersConfig`` the checks need, sent as plain JSON by the pool."""
+
+    device: str = "cpu"
+    warmup_runs: int = 3
+    timed_runs: int = 10
+    window_ms: tuple[float, float] = (0.1, 1000.0)
+    speed_factor: float = 1.0
+    compile_atol: float = 1e-2
+    compile_rtol: float = 1e-2
+    input_draws: int = 3
+    distinct_rtol: float = 1e-3
+    determinism_atol: float = 1e-6
+    determinism_rtol: float = 1e-5
+    lock_dir: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Settings:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        if "window_ms" in values:
+            values["window_ms"] = tuple(values["window_ms"])
+        return cls(**values)
+
+
+class Fail(Exception):
+    """A stage's rejection: a reason code, a human detail and the measured values."""
+
+    def __init__(self, reason: str, detail: str = "", **measures: Any) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.measures = measures
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+
+
+def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
+    """Run every stage on the candidate at ``code_path``; report through ``emit``."""
+    cand = Candidate(code_path, Settings.from_dict(settings))
+    stage_functions: dict[str, Callable[[Candidate], dict[str, Any]]] = {
+        "eager": stage_eager,
+        "randomness": stage_randomness,
+        "degenerate": stage_degenerate,
+        "runtime": stage_runtime,
+        "compile": stage_compile,
+    }
+    for name in STAGES:
+        emit({"event": "stage", "stage": name})
+        start = time.perf_counter()
+        try:
+            row = _row(name, True, "ok", "", stage_functions[name](cand))
+        except Fail as fail:
+            row = _row(name, False, fail.reason, fail.detail, fail.measures)
+        except BaseException as exc:  # the candidate may raise anything, SystemExit included
+            default = "compile_error" if name == "compile" else "forward_error"
+            row = _row(name, False, classify(exc, default), describe(exc, code_path), {})
+        row["elapsed_s"] = round(time.perf_counter() - start, 6)
+        emit({"event": "verdict", "verdict": row})
+        if not row["passed"]:
+            break
+    emit({"event": "done"})
+
+
+def device_info(device: str) -> dict[str, Any]:
+    """Initialise the device, prove a kernel runs, and describe it (name, versions, L2)."""
+    info: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda or "",
+    }
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        x = torch.randn(64, 64, device="cuda")
+        (x @ x).sum().item()
+        info.update(
+            device_name=props.name,
+            device_uuid=str(getattr(props, "uuid", "")),
+            l2_bytes=int(getattr(props, "L2_cache_size", 0)),
+            memory_bytes=int(props.total_memory),
+            capability=f"{props.major}.{props.minor}",
+        )
+    else:
+        x = torch.randn(64, 64)
+        (x @ x).sum().item()
+        info.update(device_name=cpu_name(), threads=torch.get_num_threads())
+    return info
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "cpu"
+
+
+# --------------------------------------------------------------------------------------------
+# Candidate state shared by the stages
+
+
+class Candidate:
+    """The loaded module, model, first input draw and its outputs, passed stage to stage."""
+
+    def __init__(self, path: str, settings: Settings) -> None:
+        self.path = path
+        self.s = settings
+        self.device = torch.device(settings.device)
+        self.module: Any = None
+        self.model: torch.nn.Module | None = None
+        self.inputs: list[Any] = []
+        self.outputs: list[torch.Tensor] = []
+        self.eager_ms: float | None = None
+        self._l2_buffer: torch.Tensor | None = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def draw(self, index: int) -> list[Any]:
+        """The ``index``-th independent input draw, moved to the device."""
+        _seed(SEED_INPUTS + index)
+        raw = self.module.get_inputs()
+        if not isinstance(raw, list | tuple):
+            raise Fail("init_error", f"get_inputs() returned {type(raw).__name__}, not a list")
+        return [_to_device(x, self.device) for x in raw]
+
+    def forward(
+        self, inputs: list[Any], seed: int = SEED_RUN, fn: Any = None
+    ) -> list[torch.Tensor]:
+        """One forward pass under a fixed RNG state; returns the flattened output tensors."""
+        _seed(seed)
+        with torch.no_grad():
+            out = (self.model if fn is None else fn)(*inputs)
+        self.sync()
+        return flatten_output(out)
+
+    def flush_l2(self) -> None:
+        """Evict the GPU's L2 so each timed run starts cold, as an evaluator's would."""
+        if self._l2_buffer is None:
+            l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
+            size = max(2 * l2, 64 << 20)
+            self._l2_buffer = torch.empty(size // 4, dtype=torch.int32, device=self.device)
+        self._l2_buffer.zero_()
+
+    @contextlib.contextmanager
+    def gpu_lock(self) -> Iterator[None]:
+        """Exclusive per-GPU lock around a timed section, shared by every worker on the GPU."""
+        if not (self.cuda and self.s.lock_dir):
+            yield
+            return
+        props = torch.cuda.get_device_properties(0)
+        ident = str(getattr(props, "uuid", "")) or os.environ.get("CUDA_VISIBLE_DEVICES", "0")
+        path = os.path.join(self.s.lock_dir, f"gpu-{_safe_name(ident)}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
+# Stages
+
+
+def stage_eager(c: Candidate) -> dict[str, Any]:
+    """Import, instantiate, run once: outputs are finite tensors on the device."""
+    start = time.perf_counter()
+    try:
+        c.module = load_module(c.path)
+    except BaseException as exc:
+        raise Fail(classify(exc, "import_error"), describe(exc, c.path)) from None
+    missing = [
+        n
+        for n in ("Model", "get_inputs", "get_init_inputs")
+        if not callable(getattr(c.module, n, None))
+    ]
+    if missing:
+        raise Fail("import_error", f"module does not define callable {', '.join(missing)}")
+    import_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    try:
+        _seed(SEED_INIT)
+        init_inputs = c.module.get_init_inputs()
+        model = c.module.Model(*init_inputs)
+        if not isinstance(model, torch.nn.Module):
+            raise Fail("init_error", f"Model(...) is a {type(model).__name__}, not an nn.Module")
+        c.model = model.to(c.device)
+        c.inputs = c.draw(0)
+        c.sync()
+    except Fail:
+        raise
+    except BaseException as exc:
+        raise Fail(classify(exc, "init_error"), describe(exc, c.path)) from None
+    init_s = time.perf_counter() - start
+
+    misplaced = misplaced_tensors(c.model, c.device)
+    if misplaced:
+        raise Fail(
+            "wrong_device", f"module tensors not on {c.device.type}: {', '.join(misplaced[:5])}"
+        )
+
+    before = [x.clone() if isinstance(x, torch.Tensor) else None for x in c.inputs]
+    start = time.perf_counter()
+    try:
+        outputs = c.forward(c.inputs)
+    except Fail:
+        raise
+    except BaseException as exc:
+        raise Fail(classify(exc, "forward_error"), describe(exc, c.path)) from None
+    first_ms = (time.perf_counter() - start) * 1e3
+
+    for k, t in enumerate(outputs):
+        if t.device.type != c.device.type:
+            raise Fail("wrong_device", f"output {k} is on {t.device}, expected {c.device.type}")
+        if t.numel() == 0:
+            raise Fail("bad_output", f"output {k} is empty (shape {tuple(t.shape)})")
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            raise Fail("nonfinite_output", f"output {k} contains NaN or Inf", output=k)
+    mutated = [
+        k
+        for k, (x, old) in enumerate(zip(c.inputs, before, strict=True))
+        if old is not None and not _same(x, old)
+    ]
+    if mutated:
+        raise Fail("input_mutated", f"forward modified input(s) {mutated} in place", inputs=mutated)
+    c.outputs = outputs
+    return {
+        "import_s": round(import_s, 4),
+        "init_s": round(init_s, 4),
+        "first_forward_ms": round(first_ms, 4),
+        "parameters": sum(p.numel() for p in c.model.parameters()),
+        "inputs": [_describe_value(x) for x in c.inputs],
+        "outputs": [_describe_value(t) for t in outputs],
+    }
+
+
+def stage_randomness(c: Candidate) -> dict[str, Any]:
+    """Same RNG state twice must agree (else nondeterministic); two RNG states too (else random)."""
+    atol, rtol = c.s.determinism_atol, c.s.determinism_rtol
+    repeat = c.forward(c.inputs, SEED_RUN)
+    repeat_diff = max_abs_diff(c.outputs, repeat)
+    if not all_close(c.outputs, repeat, atol=atol, rtol=rtol):
+        raise Fail(
+            "nondeterministic",
+            f"two runs with the same RNG state differ by up to {repeat_diff:.3g}",
+            repeat_max_abs_diff=repeat_diff,
+        )
+    reseeded = c.forward(c.inputs, SEED_RUN + 1)
+    reseed_diff = max_abs_diff(c.outputs, reseeded)
+    if not all_close(c.outputs, reseeded, atol=atol, rtol=rtol):
+        raise Fail(
+            "random",
+            f"outputs depend on the RNG state (differ by up to {reseed_diff:.3g}); "
+            "dropout in train mode or random numbers in forward",
+            reseed_max_abs_diff=reseed_diff,
+        )
+    return {"repeat_max_abs_diff": repeat_diff, "reseed_max_abs_diff": reseed_diff}
+
+
+def stage_degenerate(c: Candidate) -> dict[str, Any]:
+    """Reject outputs a do-nothing kernel could match, or that ignore (part of) the input."""
+    rtol = c.s.distinct_rtol
+    for k, t in enumerate(c.outputs):
+        f = _real(t)
+        if f.numel() > 1:
+            lo, hi = float(f.min()), float(f.max())
+            scale = max(abs(lo), abs(hi))
+            if hi - lo <= rtol * scale:
+                raise Fail(
+                    "constant_output",
+                    f"output {k} is constant across its elements (spread {hi - lo:.3g}, "
+                    f"magnitude {scale:.3g})",
+                    output=k,
+                    spread=hi - lo,
+                    magnitude=scale,
+                )
+    for k, t in enumerate(c.outputs):
+        trivial = trivial_answer(t, atol=c.s.compile_atol, rtol=c.s.compile_rtol)
+        if trivial:
+            raise Fail(
+                "trivial_answer",
+                f"output {k}: {trivial} passes allclose(atol={c.s.compile_atol}, "
+                f"rtol={c.s.compile_rtol}) against the real output",
+                output=k,
+                max_abs=float(_real(t).abs().max()),
+            )
+
+    draws = [c.inputs] + [c.draw(i) for i in range(1, c.s.input_draws)]
+    outputs = [c.outputs] + [c.forward(d) for d in draws[1:]]
+    pairwise = []
+    for i in range(len(outputs)):
+        for j in range(i + 1, len(outputs)):
+            d = rel_diff(outputs[i], outputs[j])
+            pairwise.append(d)
+            if d <= rtol:
+                raise Fail(
+                    "indistinguishable",
+                    f"input draws {i} and {j} give outputs within {d:.3g} (relative)",
+                    draws=[i, j],
+                    rel_diff=d,
+                )
+
+    influence: dict[str, float] = {}
+    for k, (x, other) in enumerate(zip(c.inputs, draws[1], strict=False)):
+        if not (isinstance(x, torch.Tensor) and isinstance(other, torch.Tensor)):
+            continue
+        if x.shape != other.shape or _same(x, other):
+            continue  # a deterministic input cannot be varied without knowing its meaning
+        mixed = list(c.inputs)
+        mixed[k] = other
+        d = rel_diff(c.outputs, c.forward(mixed))
+        influence[str(k)] = d
+        if d <= rtol:
+            raise Fail(
+                "input_ignored",
+                f"changing input {k} changes the output by only {d:.3g} (relative)",
+                input=k,
+                rel_diff=d,
+            )
+    return {
+        "min_pairwise_rel_diff": min(pairwise) if pairwise else None,
+        "input_influence": influence,
+    }
+
+
+def stage_runtime(c: Candidate) -> dict[str, Any]:
+    """Eager median over timed runs, scaled by device_speed_factor, inside the window."""
+    lo, hi = c.s.window_ms
+    factor = c.s.speed_factor
+    times = time_runs(c, c.model, slow_ms=hi / factor)
+    median = statistics.median(times)
+    scaled = median * factor
+    measures = {
+        "eager_ms_median": round(median, 6),
+        "eager_ms_min": round(min(times), 6),
+        "timed_runs": len(times),
+        "speed_factor": factor,
+        "scaled_ms": round(scaled, 6),
+        "window_ms": [lo, hi],
+        "device_name": _device_name(c),
+    }
+    if scaled < lo:
+        raise Fail("too_fast", f"eager median {scaled:.4g} ms < {lo} ms", **measures)
+    if scaled > hi:
+        raise Fail("too_slow", f"eager median {scaled:.4g} ms > {hi} ms", **measures)
+    c.eager_ms = median
+    return measures
+
+
+def stage_compile(c: Candidate) -> dict[str, Any]:
+    """torch.compile (default mode) runs and matches eager within the evaluator's tolerance."""
+    start = time.perf_counter()
+    try:
+        compiled = torch.compile(c.model)
+        outputs = c.forward(c.inputs, fn=compiled)
+    except BaseException as exc:
+        raise Fail(classify(exc, "compile_error"), describe(exc, c.path)) from None
+    compile_s = time.perf_counter() - start
+    atol, rtol = c.s.compile_atol, c.s.compile_rtol
+    diff = max_abs_diff(c.outputs, outputs)
+    if not all_close(outputs, c.outputs, atol=atol, rtol=rtol):
+        raise Fail(
+            "compile_mismatch",
+            f"compiled output differs from eager by up to {diff:.3g}",
+            max_abs_diff=diff,
+            compile_s=round(compile_s, 3),
+        )
+    try:
+        times = time_runs(c, compiled, slow_ms=None)
+    except BaseException as exc:
+        raise Fail(classify(exc, "compile_error"), describe(exc, c.path)) from None
+    median = statistics.median(times)
+    measures: dict[str, Any] = {
+        "compile_s": round(compile_s, 4),
+        "compiled_ms_median": round(median, 6),
+        "compiled_ms_min": round(min(times), 6),
+        "max_abs_diff": diff,
+    }
+    if c.eager_ms:
+        measures["speedup"] = round(c.eager_ms / median, 4) if median > 0 else None
+    return measures
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+
+
+def time_runs(c: Candidate, fn: Any, slow_ms: float | None) -> list[float]:
+    """Milliseconds per run after warm-up. On CUDA: events, synchronize, L2 flushed before each
+    run, and the per-GPU lock held so no other worker's timing overlaps. Stops early once more
+    than half the runs exceed ``slow_ms`` (the median can no longer fall inside the window)."""
+    args = c.inputs
+    with torch.no_grad():
+        for _ in range(c.s.warmup_runs):
+            fn(*args)
+        c.sync()
+        times: list[float] = []
+        with c.gpu_lock():
+            for _ in range(c.s.timed_runs):
+                if c.cuda:
+                    c.flush_l2()
+                    begin = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    begin.record()
+                    fn(*args)
+                    end.record()
+                    end.synchronize()
+                    times.append(float(begin.elapsed_time(end)))
+                else:
+                    t0 = time.perf_counter()
+                    fn(*args)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                if slow_ms is not None and sum(t > slow_ms for t in times) > c.s.timed_runs // 2:
+                    break
+    return times
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def load_module(path: str) -> Any:
+    """Import the candidate from its file so tracebacks, inspect and dynamo see real source."""
+    spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[CANDIDATE_MODULE] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def flatten_output(out: Any) -> list[torch.Tensor]:
+    """A tensor or (nested) tuples/lists of tensors, as a flat list; anything else fails."""
+    if isinstance(out, torch.Tensor):
+        return [out.detach()]
+    if isinstance(out, list | tuple) and out:
+        flat: list[torch.Tensor] = []
+        for item in out:
+            flat += flatten_output(item)
+        return flat
+    raise Fail("bad_output", f"forward returned {type(out).__name__}, not tensors")
+
+
+def classify(exc: BaseException, default: str) -> str:
+    """Map an exception raised by candidate code to a reason code."""
+    if isinstance(exc, SystemExit):
+        return "exited"
+    if isinstance(exc, MemoryError | getattr(torch, "OutOfMemoryError", MemoryError)):
+        return "oom"
+    text = str(exc)
+    lowered = text.lower()
+    if "out of memory" in lowered or "can't allocate memory" in lowered:
+        return "oom"
+    cuda_markers = (
+        "CUDA error",
+        "illegal memory access",
+        "device-side assert",
+        "CUBLAS_STATUS_EXECUTION_FAILED",
+        "unspecified launch failure",
+        "misaligned address",
+        "an illegal instruction",
+    )
+    if type(exc).__name__ == "AcceleratorError" or any(m in text for m in cuda_markers):
+        return "cuda_error"
+    return default
+
+
+def describe(exc: BaseException, path: str) -> str:
+    """``Type: message (candidate.py:LINE in FUNC)``, capped; the location is the deepest
+    frame in the candidate's own file, which is where a task author would look."""
+    text = f"{type(exc).__name__}: {exc}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    if frames:
+        last = frames[-1]
+        text += f" (candidate.py:{last.lineno} in {last.name})"
+    if len(text) > DETAIL_LIMIT:
+        text = text[: DETAIL_LIMIT - 3] + "..."
+    return text
+
+
+def misplaced_tensors(model: torch.nn.Module, device: torch.device) -> list[str]:
+    """Parameters, buffers and plain tensor attributes that are not on ``device``."""
+    bad = [
+        name
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+        if t.device.type != device.type
+    ]
+    for mod_name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and value.device.type != device.type:
+                bad.append(f"{mod_name}.{attr}" if mod_name else attr)
+    return bad
+
+
+def trivial_answer(t: torch.Tensor, *, atol: float, rtol: float) -> str:
+    """Name the trivial answer (zeros, the mean) that passes allclose against ``t``, or ""."""
+    f = _real(t)
+    if torch.allclose(torch.zeros_like(f), f, atol=atol, rtol=rtol):
+        return "all zeros"
+    if f.numel() > 1:
+        mean = f.mean()
+        if torch.allclose(torch.full_like(f, float(mean)), f, atol=atol, rtol=rtol):
+            return f"the constant {float(mean):.4g} (the output's mean)"
+    return ""
+
+
+def all_close(a: list[torch.Tensor], b: list[torch.Tensor], *, atol: float, rtol: float) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x.shape != y.shape:
+            return False
+        if not torch.allclose(_real(x), _real(y), atol=atol, rtol=rtol, equal_nan=True):
+            return False
+    return True
+
+
+def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return math.inf
+    return max(
+        (float((_real(x) - _real(y)).abs().max()) for x, y in zip(a, b, strict=True)), default=0.0
+    )
+
+
+def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """Largest difference relative to the larger magnitude, over all output tensors; a shape
+    change counts as infinitely different."""
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        fx, fy = _real(x), _real(y)
+        scale = max(float(fx.abs().max()), float(fy.abs().max()))
+        diff = float((fx - fy).abs().max())
+        if diff > 0:
+            worst = max(worst, diff / scale if scale > 0 else math.inf)
+    return worst
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """A real floating view for statistics: complex as (re, im), integers and halves as fp32."""
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.float()
+    return t
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    return a is b
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, list | tuple):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
+
+
+def _describe_value(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, int | float | bool | str) or value is None:
+        return value
+    return type(value).__name__
+
+
+def _device_name(c: Candidate) -> str:
+    return torch.cuda.get_device_name(0) if c.cuda else cpu_name()
+
+
+def _safe_name(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:100]
+
+
+def _row(
+    stage: str, passed: bool, reason: str, detail: str, measures: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "stage": stage,
+        "passed": passed,
+        "reason": reason,
+        "detail": detail[:DETAIL_LIMIT],
+        "measures": jsonable(measures),
+    }
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON: tensors to numbers, tuples to lists, non-finite floats to strings."""
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return str(value)

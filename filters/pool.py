@@ -1,0 +1,631 @@
+"""Orchestrator side of the sandboxed worker pool: start, feed, watch and replace workers.
+
+The orchestrator never runs candidate code. It starts ``workers`` sandboxed worker processes
+(``filters.sandbox``), sends each a candidate at a time as a JSON line over a private pipe, and
+collects the verdict rows the worker streams back. A worker that dies (a candidate killed it),
+stops answering within ``task_timeout_s + grace_s``, reports a CUDA error, or has served
+``recycle_after`` candidates is replaced; the candidate it was running gets a verdict for the
+stage it was in (``worker_lost`` / ``timeout``). Everything runs on the calling thread with one
+``select`` loop; bwrap's ``--die-with-parent`` ties workers to that thread, so a pool must be
+used from the thread that created it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from filters import reasons, sandbox
+from opsynth.config import FiltersConfig
+from opsynth.record import Task, Verdict
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+# Consecutive worker start failures after which the pool gives up instead of retrying forever.
+MAX_START_FAILURES = 3
+# Largest protocol line accepted from a worker (a verdict row is a few KB).
+MAX_LINE_BYTES = 16 << 20
+# Seconds a retired worker gets to exit on its own before it is killed.
+RETIRE_S = 10.0
+# Host-wide (per user) dir of per-GPU timing locks, shared by every pool on the host.
+LOCK_DIR = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")
+
+
+class PoolError(RuntimeError):
+    """The pool cannot run candidates at all (no worker starts)."""
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``. Only asks torch whether CUDA is
+    available; the orchestrator never creates a context or runs candidate code."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    available = torch.cuda.is_available()
+    if device == "cuda" and not available:
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device; use cpu or auto")
+    return "cuda" if available else "cpu"
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "opsynth")
+
+
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0)) or 1
+
+
+def worker_count(cfg: FiltersConfig, device: str, cores: int, gpus: int) -> int:
+    """``cfg.workers``, or derived: host cores / cores_per_worker, and on CUDA at most
+    ``max_workers_per_gpu`` per GPU but at least one per GPU."""
+    if cfg.workers:
+        return cfg.workers
+    by_cores = max(1, cores // cfg.cores_per_worker)
+    if device == "cuda" and gpus:
+        return gpus * max(1, min(cfg.max_workers_per_gpu, by_cores // gpus))
+    return by_cores
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use, in CUDA order (honours CUDA_VISIBLE_DEVICES)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None and env.strip():
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+        return ids[:count]
+    return [str(i) for i in range(count)]
+
+
+def check_settings(
+    cfg: FiltersConfig, device: str, *, threads: int, lock_dir: str
+) -> dict[str, Any]:
+    """The JSON settings a worker and its checks get for every candidate."""
+    window = cfg.window_ms_cuda if device == "cuda" else cfg.window_ms_cpu
+    return {
+        "device": device,
+        "task_timeout_s": cfg.task_timeout_s,
+        "memory_limit_bytes": int(cfg.memory_limit_gb * 2**30),
+        "max_processes": cfg.max_processes,
+        "output_limit_bytes": cfg.output_limit_kb * 1024,
+        "file_size_limit_bytes": cfg.file_size_limit_mb << 20,
+        "threads": threads,
+        "warmup_runs": cfg.warmup_runs,
+        "timed_runs": cfg.timed_runs,
+        "window_ms": list(window),
+        "speed_factor": cfg.device_speed_factor,
+        "compile_atol": cfg.compile_atol,
+        "compile_rtol": cfg.compile_rtol,
+        "input_draws": cfg.input_draws,
+        "distinct_rtol": cfg.distinct_rtol,
+        "determinism_atol": cfg.determinism_atol,
+        "determinism_rtol": cfg.determinism_rtol,
+        "lock_dir": lock_dir,
+    }
+
+
+@dataclass
+class _Worker:
+    slot: int
+    gpu: str | None
+    kind: str
+    proc: subprocess.Popen[bytes]
+    to_fd: int
+    from_fd: int
+    directory: str
+    started_at: float
+    state: str = "starting"  # starting -> idle <-> busy -> gone
+    info: dict[str, Any] = field(default_factory=dict)
+    buffer: bytearray = field(default_factory=bytearray)
+    served: int = 0
+    task: Task | None = None
+    deadline: float = 0.0
+    stage: str = reasons.STAGES[0]
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    child_pid: int | None = None
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.directory, "worker.log")
+
+
+class WorkerPool:
+    """A pool of sandboxed warm workers; use as a context manager.
+
+    ``evaluate(tasks)`` runs every task through the execution stages on the workers
+    concurrently and returns, per task id, the verdict rows in stage order up to and including
+    the first failure. ``stats`` describes the sandbox, device, versions and worker churn.
+    """
+
+    def __init__(self, cfg: FiltersConfig, device: str = "auto") -> None:
+        self.cfg = cfg
+        self.device = resolve_device(device)
+        self.stats: dict[str, Any] = {
+            "sandbox": None,
+            "device": self.device,
+            "device_name": None,
+            "torch_version": None,
+            "cuda_version": None,
+            "workers": 0,
+            "workers_started": 0,
+            "workers_replaced": 0,
+            "candidates": 0,
+        }
+        self._workers: list[_Worker | None] = []
+        self._retiring: list[tuple[_Worker, float]] = []
+        self._root: str | None = None
+        self._kind = "rlimits"
+        self._gpus: list[str] = []
+        self._threads = 1
+        self._settings: dict[str, Any] = {}
+        self._paths_cache = ""
+        self._start_failures = 0
+        self._start_failure_detail = ""
+        self._serial = 0
+        self._finished: list[tuple[str, list[Verdict]]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> WorkerPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Choose the sandbox, start every worker and wait until all are ready."""
+        if self._root is not None:
+            return
+        self._root = tempfile.mkdtemp(prefix="opsynth-pool-")
+        try:
+            self._paths_cache = self.cfg.cache_dir or default_cache_dir()
+            for sub in ("inductor", "triton"):
+                os.makedirs(os.path.join(self._paths_cache, sub), exist_ok=True)
+            os.makedirs(LOCK_DIR, exist_ok=True)
+            self._gpus = visible_gpus() if self.device == "cuda" else []
+            count = worker_count(self.cfg, self.device, host_cores(), len(self._gpus))
+            self._threads = max(1, host_cores() // count)
+            self._kind = self._choose_sandbox()
+            self._configure()
+            self._workers = [None] * count
+            self.stats["workers"] = count
+            self._start_with_fallback()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_with_fallback(self) -> None:
+        try:
+            self._start_all()
+        except PoolError as exc:
+            if not (self._kind == "bwrap" and self.cfg.sandbox == "auto"):
+                raise
+            log.warning("workers do not start under bwrap (%s); falling back to rlimits", exc)
+            self.stats["sandbox_fallback_reason"] = str(exc)
+            self._kill_all()
+            self._kind = "rlimits"
+            self.stats["sandbox"] = "rlimits"
+            self._configure()
+            self._start_all()
+
+    def close(self) -> None:
+        """Ask workers to exit, kill the ones that do not, remove the pool's temp dir."""
+        for worker in self._workers:
+            if worker is not None:
+                self._retire(worker)
+        deadline = time.monotonic() + 2.0
+        for worker, _ in self._retiring:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        self._kill_all()
+        self._workers = []
+        if self._root:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+    def _choose_sandbox(self) -> str:
+        if self.cfg.sandbox == "rlimits":
+            kind = "rlimits"
+        else:
+            why = sandbox.probe_bwrap(
+                paths=self._paths(self._root or "/"),
+                device=self.device,
+                tmp_bytes=self._tmp_bytes(),
+            )
+            if why and self.cfg.sandbox == "bwrap":
+                raise PoolError(f"sandbox 'bwrap' requested but unusable: {why}")
+            if why:
+                log.warning("bwrap unusable (%s); workers run with rlimits only", why)
+                self.stats["sandbox_fallback_reason"] = why
+            kind = "rlimits" if why else "bwrap"
+        self.stats["sandbox"] = kind
+        return kind
+
+    def _configure(self) -> None:
+        _, lock_dir = sandbox.visible_paths(self._paths(""), self._kind)
+        self._settings = check_settings(
+            self.cfg, self.device, threads=self._threads, lock_dir=lock_dir
+        )
+
+    def _start_all(self) -> None:
+        self._start_failures = 0
+        for slot in range(len(self._workers)):
+            self._workers[slot] = self._spawn(slot)
+        while any(w is not None and w.state == "starting" for w in self._workers):
+            self._pump(0.5)
+            self._check_deadlines()
+            self._refill()
+
+    def _kill_all(self) -> None:
+        for worker in self._workers:
+            if worker is not None:
+                self._kill(worker)
+        for worker, _ in self._retiring:
+            self._kill(worker)
+        self._retiring = []
+        self._workers = [None] * len(self._workers)
+
+    # ------------------------------------------------------------------ public API
+
+    def evaluate(
+        self, tasks: Iterable[Task], progress: Progress | None = None
+    ) -> dict[str, list[Verdict]]:
+        """Verdict rows per task id (execution stages in order, up to the first failure).
+        Tasks with the same id are evaluated once. ``progress(done, total)`` is called after
+        each finished task."""
+        self.start()
+        unique: dict[str, Task] = {}
+        for task in tasks:
+            unique.setdefault(task.id, task)
+        queue = deque(unique.values())
+        results: dict[str, list[Verdict]] = {}
+        self._finished = []
+        while len(results) < len(unique):
+            for worker in self._workers:
+                if worker is not None and worker.state == "idle" and queue:
+                    if not self._dispatch(worker, queue[0]):
+                        continue
+                    queue.popleft()
+            self._pump(0.5)
+            self._check_deadlines()
+            self._refill()
+            for task_id, verdicts in self._finished:
+                results[task_id] = verdicts
+                if progress is not None:
+                    progress(len(results), len(unique))
+            self._finished = []
+        return {task_id: results[task_id] for task_id in unique}
+
+    def calibrate(self) -> dict[str, float]:
+        """Run ``filters.calibrate.calibration_benchmark`` on this pool's device, in a worker."""
+        self.start()
+        while True:
+            worker = next((w for w in self._workers if w is not None and w.state == "idle"), None)
+            if worker is not None:
+                break
+            self._pump(0.5)
+            self._check_deadlines()
+            self._refill()
+        worker.state = "calibrating"
+        self._send(worker, {"op": "calibrate", "settings": self._settings})
+        deadline = time.monotonic() + self.cfg.task_timeout_s + self.cfg.grace_s
+        while time.monotonic() < deadline:
+            for event in self._read(worker, 0.5):
+                if event.get("event") == "calibration":
+                    worker.state = "idle"
+                    if event.get("error"):
+                        raise PoolError(f"calibration failed: {event['error']}")
+                    return {str(k): float(v) for k, v in event.get("results", {}).items()}
+            if worker.state == "gone":
+                break
+        self._replace(worker)
+        raise PoolError("calibration did not finish")
+
+    # ------------------------------------------------------------------ workers
+
+    def _paths(self, directory: str) -> sandbox.Paths:
+        return sandbox.Paths(cache_dir=self._paths_cache, lock_dir=LOCK_DIR, worker_dir=directory)
+
+    def _tmp_bytes(self) -> int:
+        return self.cfg.tmp_size_mb << 20
+
+    def _spawn(self, slot: int) -> _Worker:
+        assert self._root is not None
+        self._serial += 1
+        directory = os.path.join(self._root, f"w{self._serial}")
+        os.makedirs(os.path.join(directory, "tmp"), exist_ok=True)
+        gpu = self._gpus[slot % len(self._gpus)] if self._gpus else None
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        paths = self._paths(directory)
+        argv = sandbox.launch_argv(
+            kind=self._kind,
+            paths=paths,
+            device=self.device,
+            tmp_bytes=self._tmp_bytes(),
+            in_fd=to_r,
+            out_fd=from_w,
+        )
+        env = sandbox.worker_env(
+            paths=paths, kind=self._kind, threads=self._threads, cuda_visible=gpu
+        )
+        with open(os.path.join(directory, "worker.log"), "wb") as logfile:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=directory,
+                pass_fds=(to_r, from_w),
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        os.close(to_r)
+        os.close(from_w)
+        self.stats["workers_started"] += 1
+        return _Worker(
+            slot=slot,
+            gpu=gpu,
+            kind=self._kind,
+            proc=proc,
+            to_fd=to_w,
+            from_fd=from_r,
+            directory=directory,
+            started_at=time.monotonic(),
+        )
+
+    def _refill(self) -> None:
+        """Start a replacement in every empty slot; give up after repeated start failures."""
+        for slot, worker in enumerate(self._workers):
+            if worker is None:
+                if self._start_failures >= MAX_START_FAILURES:
+                    raise PoolError(self._start_failure_detail)
+                self._workers[slot] = self._spawn(slot)
+                self.stats["workers_replaced"] += 1
+        self._reap_retiring()
+
+    def _dispatch(self, worker: _Worker, task: Task) -> bool:
+        worker.state = "busy"
+        worker.task = task
+        worker.stage = reasons.STAGES[0]
+        worker.verdicts = []
+        worker.child_pid = None
+        worker.deadline = time.monotonic() + self.cfg.task_timeout_s + self.cfg.grace_s
+        message = {"op": "eval", "task_id": task.id, "code": task.code, "settings": self._settings}
+        if self._send(worker, message):
+            return True
+        worker.task = None  # never reached the worker: not the candidate's fault, retry elsewhere
+        self._replace(worker)
+        return False
+
+    def _send(self, worker: _Worker, message: dict[str, Any]) -> bool:
+        data = (json.dumps(message) + "\n").encode()
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(worker.to_fd, view) :]
+        except OSError:
+            return False
+        return True
+
+    def _pump(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for worker output and handle every complete line."""
+        live = {w.from_fd: w for w in self._workers if w is not None and w.state != "gone"}
+        if not live:
+            time.sleep(min(timeout, 0.05))
+            return
+        ready, _, _ = select.select(list(live), [], [], timeout)
+        for fd in ready:
+            worker = live[fd]
+            for event in self._read(worker, 0):
+                self._handle(worker, event)
+
+    def _read(self, worker: _Worker, timeout: float) -> list[dict[str, Any]]:
+        """Complete JSON lines available from ``worker``; EOF or garbage replaces it."""
+        if worker.state == "gone":
+            return []
+        ready, _, _ = select.select([worker.from_fd], [], [], timeout)
+        if not ready:
+            return []
+        chunk = os.read(worker.from_fd, 1 << 16)
+        if not chunk:
+            self._lost(worker, "worker_lost", self._exit_detail(worker))
+            return []
+        worker.buffer.extend(chunk)
+        events = []
+        while b"\n" in worker.buffer:
+            line, _, rest = bytes(worker.buffer).partition(b"\n")
+            worker.buffer[:] = rest
+            try:
+                event = json.loads(line)
+            except ValueError:
+                self._lost(worker, "worker_lost", f"worker sent a malformed line: {line[:200]!r}")
+                return events
+            if isinstance(event, dict):
+                events.append(event)
+        if len(worker.buffer) > MAX_LINE_BYTES:
+            self._lost(worker, "worker_lost", "worker sent an oversized line")
+        return events
+
+    def _handle(self, worker: _Worker, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "ready":
+            if event.get("error"):
+                self._start_failed(worker, str(event["error"]))
+                return
+            worker.info = event
+            worker.state = "idle"
+            self._start_failures = 0
+            for key in ("device_name", "torch_version", "cuda_version"):
+                self.stats[key] = event.get(key) or self.stats.get(key)
+            return
+        if worker.task is None or event.get("task_id") != worker.task.id:
+            return
+        if kind == "stage":
+            worker.stage = str(event.get("stage", worker.stage))
+        elif kind == "verdict":
+            worker.verdicts.append(event["verdict"])
+        elif kind == "started":
+            worker.child_pid = int(event.get("pid") or 0) or None
+        elif kind == "result":
+            self._finish(worker, list(event.get("verdicts") or []))
+            worker.served += 1
+            worker.state = "idle"
+            if event.get("replace") or worker.served >= self.cfg.recycle_after:
+                self._replace(worker)
+
+    def _finish(self, worker: _Worker, rows: list[dict[str, Any]]) -> None:
+        assert worker.task is not None
+        task_id = worker.task.id
+        worker.task = None
+        self.stats["candidates"] += 1
+        device = f"{self.device}:{worker.info.get('device_name', '')}"
+        torch_version = str(worker.info.get("torch_version", ""))
+        verdicts = [
+            Verdict(
+                task_id=task_id,
+                stage=str(row.get("stage", "")),
+                passed=bool(row.get("passed")),
+                reason=str(row.get("reason", "")),
+                detail=str(row.get("detail", ""))[:2000],
+                measures=dict(row.get("measures") or {}),
+                device=device,
+                torch_version=torch_version,
+                elapsed_s=float(row.get("elapsed_s") or 0.0),
+            )
+            for row in rows
+        ]
+        self._finished.append((task_id, verdicts))
+
+    def _lost(self, worker: _Worker, reason: str, detail: str) -> None:
+        """The worker is gone or hung: its candidate gets ``reason`` at the running stage."""
+        if worker.state == "starting":
+            self._start_failed(worker, detail)
+            return
+        if worker.task is not None:
+            rows = list(worker.verdicts)
+            if not rows or rows[-1].get("passed"):
+                stage = worker.stage
+                if rows and rows[-1].get("stage") == stage and len(rows) < len(reasons.STAGES):
+                    stage = reasons.STAGES[len(rows)]
+                rows.append({"stage": stage, "passed": False, "reason": reason, "detail": detail})
+            self._finish(worker, rows)
+        self._replace(worker)
+
+    def _start_failed(self, worker: _Worker, detail: str) -> None:
+        self._start_failures += 1
+        tail = _tail(worker.log_path)
+        self._start_failure_detail = f"worker failed to start ({worker.kind}): {detail}" + (
+            f"; log: {tail}" if tail else ""
+        )
+        log.warning(self._start_failure_detail)
+        self._replace(worker)
+        if self._start_failures >= MAX_START_FAILURES:
+            raise PoolError(self._start_failure_detail)
+
+    def _replace(self, worker: _Worker) -> None:
+        """Retire ``worker``; ``_refill`` starts its replacement."""
+        if worker.state == "gone":
+            return
+        self._retire(worker)
+        if 0 <= worker.slot < len(self._workers) and self._workers[worker.slot] is worker:
+            self._workers[worker.slot] = None
+
+    def _retire(self, worker: _Worker) -> None:
+        if worker.state == "gone":
+            return
+        if worker.state == "idle":
+            self._send(worker, {"op": "exit"})
+        else:
+            self._kill(worker)
+        worker.state = "gone"
+        for fd in (worker.to_fd, worker.from_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._retiring.append((worker, time.monotonic()))
+
+    def _kill(self, worker: _Worker) -> None:
+        """Kill the worker's process group (bwrap: its namespace goes with it) and, outside
+        bwrap, the candidate's own session, which a worker's death does not reach."""
+        if worker.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.proc.pid, signal.SIGKILL)
+        if worker.kind != "bwrap" and worker.child_pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.child_pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.proc.wait(timeout=5)
+
+    def _reap_retiring(self) -> None:
+        now = time.monotonic()
+        keep = []
+        for worker, since in self._retiring:
+            if worker.proc.poll() is not None:
+                continue
+            if now - since > RETIRE_S:
+                self._kill(worker)
+                continue
+            keep.append((worker, since))
+        self._retiring = keep
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for worker in list(self._workers):
+            if worker is None or worker.state == "gone":
+                continue
+            if worker.state == "starting" and now - worker.started_at > self.cfg.start_timeout_s:
+                self._start_failed(
+                    worker, f"not ready within start_timeout_s={self.cfg.start_timeout_s:g}"
+                )
+            elif worker.state == "busy" and now > worker.deadline:
+                limit = self.cfg.task_timeout_s + self.cfg.grace_s
+                self._lost(worker, "timeout", f"worker did not answer within {limit:g} s")
+            elif worker.proc.poll() is not None and worker.state != "busy":
+                self._lost(worker, "worker_lost", self._exit_detail(worker))
+
+    def _exit_detail(self, worker: _Worker) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.proc.wait(timeout=1)
+        code = worker.proc.returncode
+        if code is None:
+            return "worker closed its pipe"
+        if code < 0:
+            return f"worker killed by {_signal_name(-code)}"
+        return f"worker exited with status {code}"
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def _tail(path: str, limit: int = 1500) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            return fh.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""

@@ -1,0 +1,299 @@
+"""How a worker process is launched: inside bubblewrap, or (fallback) with rlimits only.
+
+bubblewrap gives each worker private namespaces (no network, its own PID space, no
+capabilities) and a filesystem built from read-only binds of exactly what Python, torch and
+the C++/CUDA toolchain need. Nothing else of the host is visible: not /etc/passwd, not home
+directories, not the repository (only the ``filters`` package is bound, at ``/opsynth``).
+Writable are a size-capped private ``/tmp`` and ``/dev/shm``, and the shared compile cache
+(``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR``) plus the per-GPU lock dir, bound at
+``/opsynth/cache`` and ``/opsynth/locks`` so they never sit inside the /tmp a worker wipes
+between candidates.
+
+The fallback, used where bwrap is missing or fails its start-up probe, is a new session plus
+the per-candidate rlimits and watchdog of ``filters.worker``: it contains runaway resource use
+but not file, network or process access. ``WorkerPool.stats["sandbox"]`` says which is in use.
+
+The worker environment is built from an allow-list, so secrets in the orchestrator's
+environment (API keys) never reach candidate code.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+BWRAP = "bwrap"
+MOUNT_ROOT = "/opsynth"  # the filters package is bound read-only at MOUNT_ROOT/filters
+# Shared dirs appear at fixed paths inside the sandbox, outside the /tmp a worker wipes.
+SANDBOX_CACHE = f"{MOUNT_ROOT}/cache"
+SANDBOX_LOCKS = f"{MOUNT_ROOT}/locks"
+SANDBOX_TMP = "/tmp"
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+COMPILERS = ("gcc", "g++", "cc", "c++", "clang", "clang++")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# /etc files the dynamic loader and the C/C++ toolchain need; nothing with users or secrets.
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+)
+# Environment variables passed through to workers when set (toolchain and CUDA location).
+PASSTHROUGH_ENV = (
+    "LD_LIBRARY_PATH",
+    "LIBRARY_PATH",
+    "CPATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CC",
+    "CXX",
+    "TRITON_PTXAS_PATH",
+    "TRITON_LIBCUDA_PATH",
+    "TORCH_CUDA_ARCH_LIST",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "LANG",
+    "LC_ALL",
+)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Host paths a worker uses: the shared caches and the per-GPU lock dir (both shared by
+    all workers and runs), and this worker's private host dir (its log, and in the fallback
+    its ``tmp`` subdir is TMPDIR)."""
+
+    cache_dir: str
+    lock_dir: str
+    worker_dir: str
+
+    @property
+    def tmp_dir(self) -> str:
+        return os.path.join(self.worker_dir, "tmp")
+
+
+def visible_paths(paths: Paths, kind: str) -> tuple[str, str]:
+    """(cache dir, lock dir) as the worker sees them."""
+    if kind == "bwrap":
+        return SANDBOX_CACHE, SANDBOX_LOCKS
+    return paths.cache_dir, paths.lock_dir
+
+
+def bwrap_available() -> bool:
+    return shutil.which(BWRAP) is not None
+
+
+def worker_env(
+    *, paths: Paths, kind: str, threads: int, cuda_visible: str | None
+) -> dict[str, str]:
+    """The complete environment of a worker; nothing else from the orchestrator leaks in."""
+    tmp = SANDBOX_TMP if kind == "bwrap" else paths.tmp_dir
+    cache_dir, _ = visible_paths(paths, kind)
+    env = {name: os.environ[name] for name in PASSTHROUGH_ENV if name in os.environ}
+    env.update(
+        PATH=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        HOME=tmp,
+        TMPDIR=tmp,
+        USER="opsynth",
+        LOGNAME="opsynth",
+        PYTHONPATH=MOUNT_ROOT if kind == "bwrap" else PACKAGE_ROOT,
+        PYTHONNOUSERSITE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONHASHSEED="0",
+        TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_dir, "inductor"),
+        TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"),
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        # Ask NVML, not the CUDA runtime, whether CUDA exists: the runtime query in the worker
+        # parent would leave its forked children unable to initialise CUDA.
+        PYTORCH_NVML_BASED_CUDA_CHECK="1",
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        CUDA_VISIBLE_DEVICES=cuda_visible if cuda_visible is not None else "",
+    )
+    env.setdefault("LANG", "C.UTF-8")
+    return env
+
+
+def worker_command(*, in_fd: int, out_fd: int, device: str) -> list[str]:
+    """The worker's own command line (inside the sandbox or not)."""
+    return [
+        sys.executable,
+        "-P",  # never put the working directory (the candidate's /tmp) on sys.path
+        "-s",
+        "-B",
+        "-m",
+        "filters.worker",
+        "--in",
+        str(in_fd),
+        "--out",
+        str(out_fd),
+        "--device",
+        device,
+        "--host-pidns",
+        host_pidns(),
+    ]
+
+
+def host_pidns() -> str:
+    return os.readlink("/proc/self/ns/pid")
+
+
+def bwrap_prefix(*, paths: Paths, device: str, tmp_bytes: int) -> list[str]:
+    """bwrap options that build the sandbox; the worker command follows ``--``."""
+    args = [
+        BWRAP,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--size",
+        str(tmp_bytes),
+        "--tmpfs",
+        SANDBOX_TMP,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(tmp_bytes),
+        "--tmpfs",
+        "/dev/shm",
+    ]
+    for directory in SYSTEM_DIRS:
+        if os.path.islink(directory):
+            args += ["--symlink", os.readlink(directory), directory]
+        elif os.path.isdir(directory):
+            args += ["--ro-bind", directory, directory]
+    for path in ETC_FILES:
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    for path in _python_paths() + _library_paths() + _toolchain_paths():
+        args += ["--ro-bind", path, path]
+    if device == "cuda":
+        args += _gpu_args()
+    args += ["--bind", paths.cache_dir, SANDBOX_CACHE, "--bind", paths.lock_dir, SANDBOX_LOCKS]
+    args += ["--ro-bind", os.path.join(PACKAGE_ROOT, "filters"), f"{MOUNT_ROOT}/filters"]
+    args += ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
+    return args
+
+
+def launch_argv(
+    *, kind: str, paths: Paths, device: str, tmp_bytes: int, in_fd: int, out_fd: int
+) -> list[str]:
+    command = worker_command(in_fd=in_fd, out_fd=out_fd, device=device)
+    if kind == "bwrap":
+        return [*bwrap_prefix(paths=paths, device=device, tmp_bytes=tmp_bytes), "--", *command]
+    return command
+
+
+def probe_bwrap(*, paths: Paths, device: str, tmp_bytes: int, timeout_s: float = 60.0) -> str:
+    """Start Python in the sandbox and import the worker; "" if that works, else why not."""
+    if not bwrap_available():
+        return "bwrap is not installed"
+    env = worker_env(paths=paths, kind="bwrap", threads=1, cuda_visible=None)
+    argv = [
+        *bwrap_prefix(paths=paths, device=device, tmp_bytes=tmp_bytes),
+        "--",
+        sys.executable,
+        "-P",
+        "-s",
+        "-c",
+        "import filters.worker, filters.reasons",
+    ]
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap probe failed: {exc}"
+    if proc.returncode != 0:
+        return (
+            f"bwrap probe exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-500:]}"
+        )
+    return ""
+
+
+def _python_paths() -> list[str]:
+    """The interpreter, its standard library and the site-packages torch lives in."""
+    candidates = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    candidates.update(site.getsitepackages())
+    candidates.add(str(Path(sys.executable).resolve().parent.parent))
+    try:
+        import torch
+
+        candidates.add(str(Path(torch.__file__).resolve().parent.parent))
+    except ImportError:
+        pass
+    return _minimal(candidates)
+
+
+def _library_paths() -> list[str]:
+    """Directories named by LD_LIBRARY_PATH / CUDA_HOME, so CUDA found outside /usr loads."""
+    found = set()
+    for entry in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        if entry:
+            found.add(entry)
+    for name in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(name):
+            found.add(os.environ[name])
+    return _minimal(found)
+
+
+def _toolchain_paths() -> list[str]:
+    """Where the C/C++ compilers torch.compile runs live when outside /usr (e.g. /opt/gcc):
+    inductor builds C++ on CPU and Triton builds a C launcher on CUDA. Only the compiler's
+    bin dir and its prefix's lib/libexec/include are bound, never a whole prefix such as a
+    home directory."""
+    names = list(COMPILERS)
+    for var in ("CC", "CXX"):
+        if os.environ.get(var):
+            names.append(os.environ[var].split()[0])
+    found = set()
+    for name in names:
+        exe = shutil.which(name)
+        if not exe:
+            continue
+        for form in (exe, os.path.realpath(exe)):
+            bindir = os.path.dirname(form)
+            prefix = os.path.dirname(bindir)
+            found.add(bindir)
+            found.update(
+                os.path.join(prefix, sub) for sub in ("lib", "lib64", "libexec", "include")
+            )
+    return _minimal(found)
+
+
+def _minimal(paths: set[str]) -> list[str]:
+    """Existing absolute paths, resolved, without ones already covered by another or by a
+    system dir (binding both would shadow one with the other)."""
+    resolved = set()
+    for path in paths:
+        for form in (os.path.abspath(path), os.path.realpath(path)):
+            if os.path.isdir(form) and form != "/":
+                resolved.add(form)
+    covered = list(SYSTEM_DIRS)
+    result: list[str] = []
+    for path in sorted(resolved, key=len):
+        if any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered + result):
+            continue
+        result.append(path)
+    return result
+
+
+def _gpu_args() -> list[str]:
+    """NVIDIA device nodes (all of them; CUDA_VISIBLE_DEVICES pins the GPU) and /sys, which
+    the driver reads for topology."""
+    args: list[str] = []
+    for name in sorted(os.listdir("/dev")):
+        if name.startswith("nvidia"):
+            path = f"/dev/{name}"
+            args += ["--dev-bind", path, path]
+    if os.path.isdir("/dev/dri"):
+        args += ["--dev-bind", "/dev/dri", "/dev/dri"]
+    args += ["--ro-bind", "/sys", "/sys"]
+    return args

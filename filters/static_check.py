@@ -1,0 +1,290 @@
+"""Static pre-check of a candidate's source: cheap, pure, and only a first line of defence.
+
+It rejects sources that cannot be a KernelBench task (no parse, missing ``Model`` /
+``get_inputs`` / ``get_init_inputs``) and sources that reach for things a PyTorch operator
+task never needs (files, processes, sockets, introspection escapes). It never executes the
+code. Anything that slips past it (string tricks, ``getattr`` with a computed name, ...) is
+still contained by the sandbox, which is the real defence; this check exists so that the
+obvious cases are cheap, explainable rejections instead of sandbox kills.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from opsynth.record import Task
+from opsynth.stage import KEEP, Decision, drop
+
+REQUIRED_SYMBOLS = ("Model", "get_inputs", "get_init_inputs")
+
+# Top-level modules a task may import. Everything an Ops-6K task needs is torch plus a few
+# pure helper modules; anything that touches the OS, processes or the network is absent.
+ALLOWED_MODULES = frozenset(
+    {
+        "__future__",
+        "torch",
+        "math",
+        "typing",
+        "numbers",
+        "functools",
+        "itertools",
+        "collections",
+        "dataclasses",
+        "enum",
+        "abc",
+    }
+)
+
+# ``transformers`` is allowed only for tasks whose data_source says they come from it.
+TRANSFORMERS_MODULE = "transformers"
+
+# Parts of torch that load or build native code, read or write files, spawn processes or
+# talk to the network. A dotted name equal to one of these, or below it, is rejected.
+FORBIDDEN_TORCH_MODULES = frozenset(
+    {
+        "torch.utils.cpp_extension",
+        "torch.hub",
+        "torch.multiprocessing",
+        "torch.distributed",
+        "torch.package",
+        "torch.utils.data",
+    }
+)
+FORBIDDEN_TORCH_CALLS = frozenset(
+    {
+        "torch.load",
+        "torch.save",
+        "torch.from_file",
+        "torch.jit.load",
+        "torch.jit.save",
+        "torch.ops.load_library",
+        "torch.classes.load_library",
+        "torch.UntypedStorage.from_file",
+        "torch.TypedStorage.from_file",
+        "torch.Storage.from_file",
+    }
+)
+
+# Builtins that execute strings, reach the interpreter's namespaces or touch files. Their
+# mere mention is rejected (``f = open`` is as bad as ``open(...)``) unless the module binds
+# the name itself.
+FORBIDDEN_BUILTIN_REFERENCES = frozenset(
+    {"open", "eval", "exec", "compile", "__import__", "globals", "locals", "breakpoint"}
+)
+# Builtins that are harmless as names (``def forward(self, input)``) but not as calls.
+FORBIDDEN_BUILTIN_CALLS = frozenset({"input", "exit", "quit", "help"})
+# Names of the module-level magic a task never needs.
+FORBIDDEN_NAMES = frozenset({"__builtins__", "__loader__", "__spec__"})
+
+# Attributes used to climb from any object to the interpreter's globals or builtins.
+FORBIDDEN_ATTRIBUTES = frozenset(
+    {
+        "__subclasses__",
+        "__globals__",
+        "__builtins__",
+        "__code__",
+        "__closure__",
+        "__bases__",
+        "__base__",
+        "__mro__",
+        "__getattribute__",
+        "__import__",
+        "__loader__",
+        "__spec__",
+        "__reduce__",
+        "__reduce_ex__",
+        "__func__",
+        "__self__",
+        "f_globals",
+        "f_locals",
+        "f_builtins",
+        "f_back",
+        "tb_frame",
+        "gi_frame",
+        "cr_frame",
+        "ag_frame",
+    }
+)
+ATTRIBUTE_BUILTINS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
+
+
+class StaticCheck:
+    """Filter ``static``: parse, required symbols, import allow-list, forbidden calls."""
+
+    name = "static"
+
+    def filter(self, task: Task) -> Decision:
+        return check_source(task.code, allow_transformers=_is_transformers(task.data_source))
+
+
+def _is_transformers(data_source: str) -> bool:
+    return data_source.startswith(TRANSFORMERS_MODULE)
+
+
+def check_source(code: str, *, allow_transformers: bool = False) -> Decision:
+    """Judge one source text; see the module docstring for what is rejected and why."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError) as exc:
+        return drop("syntax_error", f"{type(exc).__name__}: {exc}")
+
+    missing = [name for name in REQUIRED_SYMBOLS if name not in _module_bindings(tree)]
+    if missing:
+        return drop("missing_symbol", f"not defined at module level: {', '.join(missing)}")
+
+    allowed = ALLOWED_MODULES | ({TRANSFORMERS_MODULE} if allow_transformers else frozenset())
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            problem = _import_problem(node, allowed, aliases)
+            if problem is not None:
+                return problem
+
+    bound = _all_bindings(tree)
+    for node in ast.walk(tree):
+        problem = _node_problem(node, aliases, bound)
+        if problem is not None:
+            return problem
+    return KEEP
+
+
+def _import_problem(
+    node: ast.Import | ast.ImportFrom, allowed: frozenset[str], aliases: dict[str, str]
+) -> Decision | None:
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            return drop("forbidden_import", f"line {node.lineno}: relative import")
+        module = node.module or ""
+        full_names = [f"{module}.{alias.name}" for alias in node.names]
+        for alias, full in zip(node.names, full_names, strict=True):
+            aliases[alias.asname or alias.name] = full
+    else:
+        module = ""
+        full_names = [alias.name for alias in node.names]
+        for alias in node.names:
+            if alias.asname:
+                aliases[alias.asname] = alias.name
+            else:
+                root = alias.name.split(".")[0]
+                aliases[root] = root
+    for full in full_names or [module]:
+        root = full.split(".")[0]
+        if root not in allowed:
+            return drop("forbidden_import", f"line {node.lineno}: import of {root!r}")
+        if _under(full, FORBIDDEN_TORCH_MODULES) or (
+            module and _under(module, FORBIDDEN_TORCH_MODULES)
+        ):
+            return drop("forbidden_import", f"line {node.lineno}: import of {full!r}")
+        if _under(full, FORBIDDEN_TORCH_CALLS):
+            return drop("forbidden_call", f"line {node.lineno}: import of {full!r}")
+    return None
+
+
+def _node_problem(node: ast.AST, aliases: dict[str, str], bound: set[str]) -> Decision | None:
+    line = getattr(node, "lineno", "?")
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+        if node.id in FORBIDDEN_NAMES:
+            return drop("forbidden_call", f"line {line}: use of {node.id}")
+        if node.id in FORBIDDEN_BUILTIN_REFERENCES and node.id not in bound:
+            return drop("forbidden_call", f"line {line}: use of builtin {node.id}()")
+    elif isinstance(node, ast.Attribute):
+        if node.attr in FORBIDDEN_ATTRIBUTES:
+            return drop("forbidden_call", f"line {line}: attribute {node.attr}")
+        dotted = _dotted(node, aliases)
+        if dotted and _forbidden_dotted(dotted):
+            return drop("forbidden_call", f"line {line}: use of {dotted}")
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        name = node.func.id
+        if name in FORBIDDEN_BUILTIN_CALLS and name not in bound:
+            return drop("forbidden_call", f"line {line}: call of builtin {name}()")
+        if name in ATTRIBUTE_BUILTINS and name not in bound and len(node.args) >= 2:
+            return _attribute_builtin_problem(node, aliases, line)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        for attr in ("__globals__", "__subclasses__", "__builtins__", "__import__"):
+            if attr in node.value:
+                return drop("forbidden_call", f"line {line}: string mentions {attr}")
+    return None
+
+
+def _attribute_builtin_problem(
+    node: ast.Call, aliases: dict[str, str], line: object
+) -> Decision | None:
+    func = node.func.id  # type: ignore[union-attr]
+    target = node.args[1]
+    if not (isinstance(target, ast.Constant) and isinstance(target.value, str)):
+        return None
+    attr = target.value
+    if attr.startswith("__") and attr.endswith("__") or attr in FORBIDDEN_ATTRIBUTES:
+        return drop("forbidden_call", f"line {line}: {func}(..., {attr!r})")
+    base = _dotted(node.args[0], aliases)
+    if base and _forbidden_dotted(f"{base}.{attr}"):
+        return drop("forbidden_call", f"line {line}: {func}({base}, {attr!r})")
+    return None
+
+
+def _forbidden_dotted(dotted: str) -> bool:
+    return _under(dotted, FORBIDDEN_TORCH_CALLS) or _under(dotted, FORBIDDEN_TORCH_MODULES)
+
+
+def _under(name: str, prefixes: frozenset[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str:
+    """``a.b.c`` with the root resolved through import aliases; "" if not a plain chain."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return ""
+    root = aliases.get(node.id)
+    if root is None:
+        return ""
+    return ".".join([root, *reversed(parts)])
+
+
+def _module_bindings(tree: ast.Module) -> set[str]:
+    """Names bound at module level, looking into top-level if/try/with blocks."""
+    names: set[str] = set()
+    for stmt in _top_level(tree.body):
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(stmt.name)
+        elif isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(stmt, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+    return names
+
+
+def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.If | ast.With | ast.For | ast.While):
+            yield from _top_level(stmt.body)
+            yield from _top_level(getattr(stmt, "orelse", []))
+        elif isinstance(stmt, ast.Try):
+            for block in (stmt.body, stmt.orelse, stmt.finalbody):
+                yield from _top_level(block)
+            for handler in stmt.handlers:
+                yield from _top_level(handler.body)
+
+
+def _all_bindings(tree: ast.Module) -> set[str]:
+    """Every name the source binds anywhere (parameters, assignments, defs, imports)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names

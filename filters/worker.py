@@ -1,0 +1,622 @@
+"""The warm worker: imports torch once, then forks one short-lived child per candidate.
+
+Run as ``python -P -m filters.worker --in FD --out FD --device cpu|cuda --host-pidns NS`` inside
+the sandbox (see ``filters.sandbox``). It speaks JSON lines with the orchestrator over the two
+inherited pipe fds, never over stdout.
+
+Why a child per candidate: a candidate may patch torch, leak threads or memory, or poison a
+CUDA context; all of that dies with its child, and the next candidate starts from the clean
+parent. The parent never initialises CUDA (a forked child cannot use a CUDA context created
+before the fork), so each child initialises the device itself.
+
+The child: starts a new session, gets rlimits (address space on CPU only, since CUDA maps a
+huge virtual range; CPU time; file size; processes), has stdout/stderr sent to a file in its
+own temp dir and the protocol fds closed, and reports over a private pipe. The parent enforces
+the wall-clock limit and watches the child's processes, threads, resident memory and output
+size, killing everything the candidate started when a limit is crossed or the candidate ends.
+
+Standard library and torch only (imported lazily in ``main``): this file must run on GPU hosts
+that have nothing else installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from filters import reasons
+
+Emit = Callable[[dict[str, Any]], None]
+Target = Callable[[Emit], None]
+
+# How often the parent checks the child's clock, processes, memory and output (seconds).
+POLL_S = 0.02
+# Outside a private PID namespace the census scans every process on the host; do it less often.
+HOST_CENSUS_S = 0.1
+# Longest report line accepted from a child; a longer one is garbage.
+MAX_LINE_BYTES = 4 << 20
+# Seconds to wait for killed processes to be reaped before giving up on this worker.
+REAP_S = 10.0
+OUTPUT_TAIL_CHARS = 500
+CODE_FILE = "candidate.py"
+LOG_FILE = "output.log"
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+
+# torch's message when a forked child uses CUDA after the parent touched the CUDA runtime.
+FORK_POISONED = "Cannot re-initialize CUDA in forked subprocess"
+
+CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)
+
+
+class Worker:
+    """One worker process: the protocol loop, the child runner and the watchdog."""
+
+    def __init__(
+        self, in_fd: int, out_fd: int, device: str, host_pidns: str, preimport: bool = True
+    ) -> None:
+        self.preimport = preimport
+        self.in_fd = in_fd
+        self.out_fd = out_fd
+        self.device = device
+        self.tmp = os.environ.get("TMPDIR") or "/tmp"
+        self.private_pidns = (
+            bool(host_pidns)
+            and os.readlink("/proc/self/ns/pid") != host_pidns
+            and os.getppid() == 1
+        )
+        self.count = 0
+        self.page_size = os.sysconf("SC_PAGE_SIZE")
+        self._reader = os.fdopen(in_fd, "rb", buffering=1 << 16, closefd=False)
+
+    # ------------------------------------------------------------------------ protocol
+
+    def send(self, message: dict[str, Any]) -> None:
+        _write_all(self.out_fd, (json.dumps(message) + "\n").encode())
+
+    def serve(self) -> None:
+        start = time.perf_counter()
+        import torch  # noqa: F401  (warm: imported once, inherited by every child)
+
+        if self.preimport:
+            # torch.compile's machinery takes seconds to import; do it once, here. Some torch
+            # versions ask CUDA for its device count while importing it, which makes a forked
+            # child unable to use CUDA; the NVML-based check (PYTORCH_NVML_BASED_CUDA_CHECK,
+            # set by the pool) avoids that, and the probe below catches it where it does not.
+            with contextlib.suppress(ImportError):
+                import torch._dynamo  # noqa: F401
+                import torch._inductor.compile_fx  # noqa: F401
+        import torch._inductor.codecache  # noqa: F401
+
+        _share_precompiled_headers()
+
+        from filters import checks
+
+        self.checks = checks
+        import_s = time.perf_counter() - start
+        info, failure, _ = self.run_child(self._probe_target, {"device": self.device})
+        if failure and self.preimport and FORK_POISONED in failure[1]:
+            # Start over as a fresh process that imports only torch before forking.
+            os.execv(sys.executable, [*sys.orig_argv, "--no-preimport"])
+        ready: dict[str, Any] = {
+            "event": "ready",
+            "pid": os.getpid(),
+            "private_pidns": self.private_pidns,
+            "import_s": round(import_s, 3),
+            **info,
+        }
+        if failure or "device_name" not in info:
+            reason, detail = failure or ("crashed", "device probe reported nothing")
+            ready["error"] = f"device probe failed ({reason}): {detail}"
+        self.send(ready)
+        while True:
+            line = self._reader.readline()
+            if not line:
+                return
+            message = json.loads(line)
+            op = message.get("op")
+            if op == "eval":
+                self.send(self.evaluate(message))
+            elif op == "calibrate":
+                self.send(self.calibrate(message))
+            elif op == "exit":
+                return
+
+    def _probe_target(self, emit: Emit) -> None:
+        emit({"event": "info", **self.checks.device_info(self.device)})
+        emit({"event": "done"})
+
+    # ------------------------------------------------------------------------ operations
+
+    def evaluate(self, message: dict[str, Any]) -> dict[str, Any]:
+        task_id = message["task_id"]
+        settings = message["settings"]
+        code = message["code"]
+        verdicts: list[dict[str, Any]] = []
+        current = {"stage": reasons.STAGES[0]}
+
+        def on_event(event: dict[str, Any]) -> None:
+            kind = event.get("event")
+            expected = (
+                reasons.STAGES[len(verdicts)] if len(verdicts) < len(reasons.STAGES) else None
+            )
+            if kind == "stage" and event.get("stage") == expected:
+                current["stage"] = expected
+                self.send({"event": "stage", "task_id": task_id, "stage": expected})
+            elif kind == "verdict" and _valid_row(event.get("verdict"), expected):
+                if verdicts and not verdicts[-1]["passed"]:
+                    return
+                verdicts.append(event["verdict"])
+                self.send({"event": "verdict", "task_id": task_id, "verdict": event["verdict"]})
+            elif kind == "started":
+                self.send({"event": "started", "task_id": task_id, "pid": event["pid"]})
+
+        def target(emit: Emit) -> None:
+            self.checks.run_candidate(os.path.join(os.getcwd(), CODE_FILE), settings, emit)
+
+        _, failure, clean = self.run_child(target, settings, on_event, code=code)
+        complete = len(verdicts) == len(reasons.STAGES) or bool(
+            verdicts and not verdicts[-1]["passed"]
+        )
+        if not complete:
+            # The stage that was running; if it had already reported a pass, the next one.
+            stage = current["stage"]
+            if verdicts and verdicts[-1]["stage"] == stage:
+                stage = reasons.STAGES[len(verdicts)]
+            reason, detail = failure or ("exited", "the candidate process ended without reporting")
+            verdicts.append(
+                {
+                    "stage": stage,
+                    "passed": False,
+                    "reason": reason,
+                    "detail": detail,
+                    "measures": {},
+                }
+            )
+        replace = not clean or any(v["reason"] == "cuda_error" for v in verdicts)
+        return {"event": "result", "task_id": task_id, "verdicts": verdicts, "replace": replace}
+
+    def calibrate(self, message: dict[str, Any]) -> dict[str, Any]:
+        def target(emit: Emit) -> None:
+            from filters.calibrate import calibration_benchmark
+
+            emit({"event": "calibration", "results": calibration_benchmark(self.device)})
+            emit({"event": "done"})
+
+        result, failure, clean = self.run_child(target, message.get("settings", {}))
+        reply: dict[str, Any] = {"event": "calibration", "results": result.get("results", {})}
+        if failure:
+            reply["error"] = f"{failure[0]}: {failure[1]}"
+        reply["replace"] = not clean
+        return reply
+
+    # ------------------------------------------------------------------------ child runner
+
+    def run_child(
+        self,
+        target: Target,
+        settings: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        code: str | None = None,
+    ) -> tuple[dict[str, Any], tuple[str, str] | None, bool]:
+        """Fork a child that runs ``target(emit)``; supervise it until it reports ``done``,
+        dies, or crosses a limit; then kill everything it started. Returns the merged payload
+        of its ``info``-like events, the failure (reason, detail) if it did not finish, and
+        whether every process it started was reaped."""
+        self.count += 1
+        # A fixed path (wiped between candidates): compile caches key on source file names.
+        workdir = os.path.join(self.tmp, "candidate")
+        os.makedirs(workdir, exist_ok=True)
+        if code is not None:
+            with open(os.path.join(workdir, CODE_FILE), "w") as fh:
+                fh.write(code)
+        log_path = os.path.join(workdir, LOG_FILE)
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            self._child(target, settings, read_fd, write_fd, workdir, log_path)
+        os.close(write_fd)
+        if on_event:
+            on_event({"event": "started", "pid": pid})
+        try:
+            payload, failure = self._supervise(pid, read_fd, settings, log_path, on_event)
+        finally:
+            os.close(read_fd)
+            clean = self._kill_all(pid)
+        if failure and failure[0] in ("crashed", "exited"):
+            tail = _tail(log_path)
+            if tail:
+                failure = (failure[0], f"{failure[1]}; output tail: {tail}")
+        self._wipe()
+        return payload, failure, clean
+
+    def _child(
+        self,
+        target: Target,
+        settings: dict[str, Any],
+        read_fd: int,
+        write_fd: int,
+        workdir: str,
+        log_path: str,
+    ) -> None:  # pragma: no cover - runs in the child
+        status = 0
+        try:
+            os.setsid()
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            for fd in (read_fd, self.in_fd, self.out_fd):
+                os.close(fd)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(null)
+            os.close(log)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGXFSZ, signal.SIGXCPU):
+                signal.signal(sig, signal.SIG_DFL)
+            _apply_limits(settings, self.device)
+            os.chdir(workdir)
+            os.environ["TMPDIR"] = workdir
+            emitter = _Emitter(write_fd)
+            try:
+                target(emitter.emit)
+            except BaseException:
+                emitter.emit({"event": "error", "detail": traceback.format_exc()[-1500:]})
+                raise
+        except BaseException:
+            status = 70
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        finally:
+            os._exit(status)
+
+    def _supervise(
+        self,
+        pid: int,
+        read_fd: int,
+        settings: dict[str, Any],
+        log_path: str,
+        on_event: Callable[[dict[str, Any]], None] | None,
+    ) -> tuple[dict[str, Any], tuple[str, str] | None]:
+        timeout = float(settings.get("task_timeout_s", 60.0))
+        deadline = time.monotonic() + timeout
+        census_every = POLL_S if self.private_pidns else HOST_CENSUS_S
+        next_census = 0.0
+        payload: dict[str, Any] = {}
+        buffer = bytearray()
+        pipe_open = True
+        error: str | None = None
+
+        def consume(chunk: bytes) -> bool:
+            nonlocal error
+            buffer.extend(chunk)
+            while b"\n" in buffer:
+                line, _, rest = bytes(buffer).partition(b"\n")
+                buffer[:] = rest
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                kind = event.get("event")
+                if kind == "done":
+                    return True
+                if kind == "error":
+                    error = str(event.get("detail", ""))[-1500:]
+                elif kind in ("info", "calibration"):
+                    payload.update({k: v for k, v in event.items() if k != "event"})
+                elif on_event:
+                    on_event(event)
+            return False
+
+        while True:
+            if pipe_open:
+                ready, _, _ = select.select([read_fd], [], [], POLL_S)
+                if ready:
+                    chunk = os.read(read_fd, 1 << 16)
+                    if not chunk:
+                        pipe_open = False
+                    elif consume(chunk):
+                        return payload, None
+            else:
+                time.sleep(POLL_S)
+            if len(buffer) > MAX_LINE_BYTES:
+                return payload, ("crashed", "the candidate wrote an oversized report line")
+            done_pid, status = os.waitpid(pid, os.WNOHANG)
+            if done_pid:
+                if pipe_open and consume(_drain(read_fd)):
+                    return payload, None
+                if error is not None:
+                    return payload, ("filter_error", f"the check harness raised: {error}")
+                return payload, _exit_failure(status, log_path, settings)
+            now = time.monotonic()
+            if now >= next_census:
+                next_census = now + census_every
+                failure = self._watchdog(pid, log_path, settings)
+                if failure:
+                    return payload, failure
+            if now > deadline:
+                return payload, ("timeout", f"exceeded task_timeout_s={timeout:g} s")
+
+    # ------------------------------------------------------------------------ watchdog
+
+    def _census(self, pid: int) -> list[tuple[int, int, int]]:
+        """(pid, threads, rss pages) of every process the candidate started."""
+        me = os.getpid()
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            proc = int(name)
+            if proc == me or (self.private_pidns and proc == 1):
+                continue
+            stat = _stat(proc)
+            if stat is None:
+                continue
+            ppid, pgrp, session, threads, rss = stat
+            if self.private_pidns or session == pid or pgrp == pid or ppid == me:
+                found.append((proc, threads, rss))
+        return found
+
+    def _watchdog(
+        self, pid: int, log_path: str, settings: dict[str, Any]
+    ) -> tuple[str, str] | None:
+        procs = self._census(pid)
+        tasks = sum(threads for _, threads, _ in procs)
+        limit = int(settings.get("max_processes", 256))
+        if tasks > limit:
+            return ("resource_limit", f"{tasks} processes/threads > max_processes={limit}")
+        rss = sum(pages for _, _, pages in procs) * self.page_size
+        memory = int(settings.get("memory_limit_bytes", 8 << 30))
+        if rss > memory:
+            return (
+                "resource_limit",
+                f"resident memory {rss / 2**30:.2f} GiB > {memory / 2**30:.2f} GiB",
+            )
+        with contextlib.suppress(OSError):
+            size = os.stat(log_path).st_size
+            cap = int(settings.get("output_limit_bytes", 1 << 20))
+            if size > cap:
+                return ("output_flood", f"wrote {size} bytes to stdout/stderr > {cap}")
+        return None
+
+    def _kill_all(self, pid: int) -> bool:
+        """Kill every process the candidate started and reap them; False if some would not die."""
+        deadline = time.monotonic() + REAP_S
+        while True:
+            if self.private_pidns:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(-1, signal.SIGKILL)  # everything in our PID namespace but us and init
+            else:
+                for proc, _, _ in self._census(pid):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(proc, signal.SIGKILL)
+            if _reap_all(min(deadline, time.monotonic() + 0.5)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+
+    def _wipe(self) -> None:
+        """Empty the temp dirs between candidates so nothing one leaves is seen by the next."""
+        dirs = [self.tmp] + (["/dev/shm"] if self.private_pidns else [])
+        for directory in dirs:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(directory):
+                    if os.path.ismount(entry.path):
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)
+
+
+def _share_precompiled_headers() -> None:
+    """Inductor keeps C++ precompiled headers under the *temp* dir, which is private to the
+    worker and wiped between candidates; point it into the shared compile cache instead, so
+    the header is built once per host rather than once per candidate."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    codecache = sys.modules.get("torch._inductor.codecache")
+    if cache and codecache is not None and hasattr(codecache, "_HEADER_DIR"):
+        codecache._HEADER_DIR = os.path.join(cache, "precompiled_headers")
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+
+
+class _Emitter:
+    """Writes report lines; a process forked by the candidate that falls back into the harness
+    exits instead of writing, so only the child itself reports."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pid = os.getpid()
+
+    def emit(self, message: dict[str, Any]) -> None:
+        if os.getpid() != self.pid:
+            os._exit(0)
+        _write_all(self.fd, (json.dumps(message) + "\n").encode())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _drain(fd: int) -> bytes:
+    chunks = []
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _valid_row(row: Any, expected: str | None) -> bool:
+    return (
+        isinstance(row, dict)
+        and row.get("stage") == expected
+        and isinstance(row.get("passed"), bool)
+        and row.get("reason") in reasons.ALL
+        and (row["reason"] == reasons.OK) == row["passed"]
+        and isinstance(row.get("detail", ""), str)
+        and isinstance(row.get("measures", {}), dict)
+    )
+
+
+def _stat(pid: int) -> tuple[int, int, int, int, int] | None:
+    """(ppid, pgrp, session, threads, rss pages) from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[17]), int(fields[21])
+    except (IndexError, ValueError):
+        return None
+
+
+def _reap_all(deadline: float) -> bool:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+
+def _exit_failure(status: int, log_path: str, settings: dict[str, Any]) -> tuple[str, str]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        if sig == signal.SIGXCPU:
+            return ("timeout", "CPU time limit exceeded")
+        if sig == signal.SIGXFSZ:
+            cap = int(settings.get("output_limit_bytes", 1 << 20))
+            with contextlib.suppress(OSError):
+                if os.stat(log_path).st_size > cap:
+                    return ("output_flood", "stdout/stderr hit the file size limit")
+            return ("resource_limit", "file size limit exceeded")
+        if sig == signal.SIGKILL:
+            return ("resource_limit", "killed by SIGKILL (most likely the kernel's OOM killer)")
+        if sig in CRASH_SIGNALS:
+            return ("crashed", f"killed by {name}")
+        return ("crashed", f"killed by signal {name}")
+    return (
+        "exited",
+        f"the candidate process exited with status {os.WEXITSTATUS(status)} before reporting",
+    )
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - OUTPUT_TAIL_CHARS))
+            return fh.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _apply_limits(settings: dict[str, Any], device: str) -> None:  # pragma: no cover - child
+    """rlimits for the candidate child. RLIMIT_AS only on CPU: CUDA reserves a virtual range
+    far beyond physical memory, so on CUDA the parent's resident-memory watchdog is the cap.
+    RLIMIT_NPROC is counted per real user and ignored for root, so the watchdog's process
+    census backs it up."""
+    timeout = float(settings.get("task_timeout_s", 60.0))
+    threads = max(1, int(settings.get("threads", 1)))
+    cpu = int(timeout * threads) + 5
+    limits = {
+        resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_CPU: cpu,
+        resource.RLIMIT_FSIZE: int(settings.get("file_size_limit_bytes", 256 << 20)),
+    }
+    if device != "cuda":
+        limits[resource.RLIMIT_AS] = int(settings.get("memory_limit_bytes", 8 << 30))
+    if os.getuid() != 0:
+        limits[resource.RLIMIT_NPROC] = _user_tasks() + int(settings.get("max_processes", 256))
+    for which, value in limits.items():
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        elif which == resource.RLIMIT_CPU:
+            hard = value + 5  # SIGXCPU at the soft limit, SIGKILL 5 s later
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(which, (value, hard))
+
+
+def _user_tasks() -> int:  # pragma: no cover - child
+    """Threads the current user already runs (RLIMIT_NPROC counts them all)."""
+    uid = os.getuid()
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{name}/task"))
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--in", dest="in_fd", type=int, required=True)
+    parser.add_argument("--out", dest="out_fd", type=int, required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--host-pidns", default="")
+    parser.add_argument("--no-preimport", dest="preimport", action="store_false")
+    args = parser.parse_args(argv)
+    # Forking after torch started its own threads is what this worker is built on: the child
+    # never relies on those threads, so Python 3.12's warning about it is noise in the log.
+    warnings.filterwarnings(
+        "ignore", message=".*use of fork\\(\\) may lead to deadlocks", category=DeprecationWarning
+    )
+    # Non-dumpable: a candidate (same uid) cannot open our fds through /proc or ptrace us.
+    _prctl(PR_SET_DUMPABLE, 0)
+    # Subreaper: processes the candidate orphans are re-parented to us, so we can kill them.
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    try:
+        Worker(args.in_fd, args.out_fd, args.device, args.host_pidns, args.preimport).serve()
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

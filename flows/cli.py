@@ -1,0 +1,221 @@
+"""The ``opsynth`` command line. Every user error is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from opsynth.config import ConfigError, RunConfig, load_config
+from opsynth.funnel import funnel
+from opsynth.store import RunDir, RunDirError, read_verdicts
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Regenerate and extend CUDA-Agent-Ops-6K.",
+)
+console = Console(stderr=True)
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class UserError(Exception):
+    """Raised for problems the user can fix; printed as one line."""
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _resolve_device(requested: str) -> str:
+    if requested not in DEVICES:
+        raise UserError(f"unknown device {requested!r}; use one of {', '.join(DEVICES)}")
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is visible; use --device cpu or auto")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def _print_funnel(manifest_funnel: list[dict], title: str) -> None:
+    table = Table(title=title)
+    for col in ("stage", "entered", "passed", "rejected"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    table.add_column("top reasons")
+    for row in manifest_funnel:
+        reasons = sorted(row["reasons"].items(), key=lambda kv: -kv[1])[:3]
+        table.add_row(
+            row["stage"],
+            str(row["entered"]),
+            str(row["passed"]),
+            str(row["entered"] - row["passed"]),
+            ", ".join(f"{r} {n}" for r, n in reasons),
+        )
+    Console().print(table)
+
+
+@app.command()
+def run(
+    out: Annotated[Path, typer.Option("--out", help="run directory (created if missing)")] = Path(
+        "runs/default"
+    ),
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
+    target: Annotated[int | None, typer.Option("--target", help="accepted tasks wanted")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
+) -> None:
+    """Regenerate a task set into OUT; re-running resumes and recomputes nothing finished."""
+    try:
+        cfg = load_config(config)
+        if target is not None:
+            if target < 1:
+                raise UserError(f"--target must be at least 1, got {target}")
+            cfg = cfg.with_overrides(target=target)
+        resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
+        run_dir = RunDir.create(out)
+        manifest = _run_flow(run_dir, cfg, resolved)
+    except (ConfigError, RunDirError, UserError) as exc:
+        _fail(str(exc))
+        return
+    counts = manifest["counts"]
+    _print_funnel(manifest["funnel"], f"funnel ({resolved})")
+    Console().print(
+        f"accepted {counts['accepted']} / target {cfg.target} from {counts['candidates']} "
+        f"candidates -> {out / 'accepted.parquet'}"
+    )
+    if manifest["status"] != "complete":
+        console.print(
+            f"[yellow]warning:[/] only {counts['accepted']} of {cfg.target} accepted after "
+            f"{cfg.max_rounds} rounds; raise max_rounds or compose.oversample"
+        )
+        raise typer.Exit(1)
+
+
+def _start_prefect(run_dir: RunDir) -> None:
+    from flows.prefect_env import attach_log_file, configure_prefect
+
+    configure_prefect(run_dir.root.resolve() / ".prefect")
+    import prefect  # noqa: F401  (settings are read now, after configure_prefect)
+
+    attach_log_file(run_dir.root / "prefect.log")
+
+
+def _progress_bar():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def _progress_callback(bar):
+    ids: dict[str, int] = {}
+    base: dict[str, int] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        # each shard reports done/total of its own; accumulate into one bar per stage
+        if stage not in ids:
+            ids[stage] = bar.add_task(stage, total=0)
+            base[stage] = 0
+        if done == 0:
+            base[stage] = int(bar.tasks[ids[stage]].completed)
+        bar.update(ids[stage], completed=base[stage] + done, total=max(base[stage] + total, 1))
+
+    return progress
+
+
+def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str) -> dict:
+    _start_prefect(run_dir)
+    from flows.regenerate import regenerate
+
+    with _progress_bar() as bar:
+        return regenerate(str(run_dir.root), cfg, device, _progress_callback(bar))
+
+
+@app.command()
+def audit(
+    input: Annotated[str, typer.Option("--input", help="Ops-6K-shaped parquet or Hub id")],
+    out: Annotated[Path, typer.Option("--out", help="audit directory")] = Path("runs/audit"),
+    sample: Annotated[int | None, typer.Option("--sample", help="audit a seeded sample")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="sample seed")] = 0,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
+) -> None:
+    """Run the filters, decontamination and dedup over an existing task set."""
+    try:
+        cfg = load_config(config)
+        if sample is not None and sample < 1:
+            raise UserError(f"--sample must be at least 1, got {sample}")
+        resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
+        run_dir = RunDir.create(out)
+        from flows.audit import AuditInputError, load_input, sample_tasks
+
+        try:
+            tasks = sample_tasks(load_input(input), sample, seed)
+        except AuditInputError as exc:
+            raise UserError(str(exc)) from exc
+        _start_prefect(run_dir)
+        from flows.audit import audit as audit_flow
+
+        with _progress_bar() as bar:
+            manifest = audit_flow(
+                str(run_dir.root), cfg, tasks, resolved, input, _progress_callback(bar)
+            )
+    except (ConfigError, RunDirError, UserError) as exc:
+        _fail(str(exc))
+        return
+    _print_funnel(manifest["funnel"], f"audit of {input} ({resolved})")
+    counts = manifest["counts"]
+    Console().print(
+        f"{manifest['input_rows']} rows, {counts['candidates']} unique: kept {counts['accepted']}"
+        f", rejected {counts['rejected']} -> {out}/accepted.parquet, {out}/verdicts.parquet"
+    )
+
+
+@app.command()
+def status(out: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
+    """Show a run's funnel so far (works while the run is going, from finished work files)."""
+    try:
+        run_dir = RunDir.open_existing(out)
+        manifest = run_dir.read_manifest()
+        if "funnel" in manifest and manifest.get("status") in ("complete", "short"):
+            rows = manifest["funnel"]
+        else:
+            verdicts = []
+            for path in sorted((run_dir.root / "work").glob("*.parquet")):
+                if path.name.startswith(("prefilter-", "filter-")):
+                    verdicts += read_verdicts(path)
+            rows = [
+                {"stage": s.stage, "entered": s.entered, "passed": s.passed, "reasons": s.reasons}
+                for s in funnel(verdicts)
+            ]
+    except RunDirError as exc:
+        _fail(str(exc))
+        return
+    _print_funnel(rows, f"{out}: {manifest.get('status', 'unknown')}")
+    counts = manifest.get("counts")
+    if counts:
+        Console().print(", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted; re-run the same command to resume")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

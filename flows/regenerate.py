@@ -1,0 +1,99 @@
+"""The ``regenerate`` Prefect flow: seeds -> compose -> static -> decontam -> execution
+filters -> dedup -> export, in rounds until the target is met.
+
+Prefect tasks are coarse (a stage, or a shard of candidates), never one per candidate; see
+``flows.stages``. Import this module only after ``flows.prefect_env.configure_prefect``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from flows.stages import (
+    LazyPool,
+    Progress,
+    WorkLedger,
+    compose_stage,
+    export,
+    group_by_task,
+    noop_progress,
+    passed_all,
+    screen,
+    seeds_stage,
+    versions,
+)
+from opsynth.config import RunConfig
+from opsynth.record import Task, Verdict, utc_now
+from opsynth.store import RunDir
+
+
+@flow(name="regenerate", log_prints=False)
+def regenerate(
+    out: str,
+    cfg: RunConfig,
+    device: str,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Produce ``cfg.target`` accepted tasks in ``out``; resumable at any point."""
+    from ast_dedup.dedup import dedup
+
+    run = RunDir.create(Path(out))
+    ledger = WorkLedger()
+    progress = progress or noop_progress
+    started = utc_now()
+    pool = LazyPool(cfg, device)
+    manifest = run.read_manifest()
+    manifest.update(
+        {
+            "status": "running",
+            "config": cfg.model_dump(mode="json"),
+            "config_hash": cfg.config_hash(),
+            "device": device,
+            "started_at": started,
+            "versions": versions(),
+        }
+    )
+    run.write_manifest(manifest)
+
+    seeds = seeds_stage(run, cfg, ledger)
+    candidates: list[Task] = []
+    verdicts: list[Verdict] = []
+    seen: set[str] = set()
+    accepted: list[Task] = []
+    dedup_verdicts: list[Verdict] = []
+    pool_stats: dict[str, Any] = {}
+    try:
+        for round_index in range(cfg.max_rounds):
+            need = cfg.target - len(accepted)
+            if need <= 0:
+                break
+            drawn = compose_stage(
+                run, cfg, seeds, round_index, math.ceil(need * cfg.compose.oversample), ledger
+            )
+            fresh = [t for t in drawn if t.id not in seen]
+            seen.update(t.id for t in fresh)
+            candidates += fresh
+            verdicts += screen(run, cfg, fresh, device, pool, ledger, progress)
+            by_task = group_by_task(verdicts)
+            passed = [t for t in candidates if passed_all(t.id, by_task)]
+            deduped = dedup(passed, cfg.dedup)
+            dedup_verdicts = deduped.verdicts
+            accepted = deduped.kept
+    finally:
+        pool_stats = pool.close()
+
+    manifest.update(
+        export(run, cfg, seeds, candidates, verdicts + dedup_verdicts, accepted, cfg.target)
+    )
+    manifest.update(
+        {
+            "work": {"reused": ledger.reused, "computed": ledger.computed},
+            "filters_runtime": pool_stats,
+        }
+    )
+    run.write_manifest(manifest)
+    return manifest

@@ -1,0 +1,386 @@
+"""All configuration in one typed place. ``configs/default.toml`` mirrors these defaults.
+
+Every number a stage uses lives here with the reason for its default, so a run is fully
+described by its config (and its hash, which keys the content-addressed stage outputs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# CUDA Agent, Table 3: the released Ops-6K composition.
+OPS6K_MIX: dict[str, float] = {
+    "torch#1": 0.0340,
+    "torch#2": 0.8377,
+    "torch#3": 0.0762,
+    "torch#4": 0.0280,
+    "torch#5": 0.0123,
+    "transformers": 0.0118,
+}
+
+
+class ConfigError(ValueError):
+    """A config problem, reported to the user as one line."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SeedsConfig(_Section):
+    libraries: list[str] = Field(default=["torch"], description="seed libraries to extract")
+
+
+class ComposeConfig(_Section):
+    seed: int = Field(default=0, description="RNG seed: same seed, same candidates")
+    mix: dict[str, float] = Field(
+        default={"torch#1": 0.3, "torch#2": 0.4, "torch#3": 0.3},
+        description="data_source -> probability; the skeleton composes 1-3 ops",
+    )
+    oversample: float = Field(
+        default=2.0, ge=1.0, description="candidates drawn per wanted task (filters reject some)"
+    )
+    max_attempts: int = Field(
+        default=200,
+        ge=1,
+        description="op draws per wanted task before compose gives up (most succeed in a few)",
+    )
+    novelty_attempts: int = Field(
+        default=20,
+        ge=0,
+        description="draws spent looking for an op sequence not yet drawn in this call before "
+        "a repeat with new shapes is accepted (1-op sequences run out fast)",
+    )
+    shape_attempts: int = Field(
+        default=4, ge=1, description="input shapes tried per op sequence before redrawing ops"
+    )
+    feature_sizes: tuple[int, ...] = Field(
+        default=(64, 128, 256, 512, 1024, 2048),
+        description="feature/last-dim sizes (input features, Linear out_features)",
+    )
+    seq_lens: tuple[int, ...] = Field(
+        default=(16, 32, 64, 128, 256), description="middle-dim sizes of 3-D inputs"
+    )
+    channel_sizes: tuple[int, ...] = Field(
+        default=(3, 8, 16, 32, 64), description="channels of 4-D inputs and Conv2d out_channels"
+    )
+    spatial_sizes: tuple[int, ...] = Field(
+        default=(16, 32, 64, 128), description="height/width of 4-D inputs"
+    )
+    batch_range: tuple[int, int] = Field(
+        default=(2, 4096),
+        description="batch sizes the cost model may pick; 2+ keeps BatchNorm's training-mode "
+        "statistics defined",
+    )
+    target_forward_ms: float = Field(
+        default=5.0,
+        gt=0,
+        description="estimated CPU eager forward the batch size is fitted to; near the log-middle "
+        "of forward_window_ms so a 3x cost-model error stays inside it",
+    )
+    forward_window_ms: tuple[float, float] = Field(
+        default=(1.0, 50.0),
+        description="estimated CPU eager forward a composed task must fall in, else shapes are "
+        "redrawn (GPU runtime is fitted later by measuring and rewriting `scale`)",
+    )
+    cpu_ms_per_melem: float = Field(
+        default=0.3,
+        gt=0,
+        description="cost model: ms per million elements of a cheap elementwise op (measured "
+        "0.2-0.5 on an idle 2-core CPU for tensors under max_tensor_melems)",
+    )
+    max_tensor_melems: float = Field(
+        default=8.0,
+        gt=0,
+        description="largest tensor an op creates in forward, in millions of elements (32 MB "
+        "fp32); above ~32 MB every fresh CPU output is mmapped and page-faulted, making eager "
+        "time jump ~5x",
+    )
+    max_input_melems: float = Field(
+        default=32.0,
+        gt=0,
+        description="largest input, in millions of elements (128 MB fp32); made once by "
+        "get_inputs, not per forward, so it may exceed max_tensor_melems (a reduction's input)",
+    )
+    cpu_ms_per_gmac: float = Field(
+        default=6.0,
+        gt=0,
+        description="cost model: ms per 1e9 multiply-adds of nn.Linear (measured 4-7 on an idle "
+        "2-core CPU, fp32); other layers scale it by their spec's mac_work",
+    )
+    min_spread: float = Field(
+        default=1e-2,
+        gt=0,
+        lt=1,
+        description="smallest input-driven std, relative to the values' rms, allowed after any "
+        "op; below the evaluator's rtol (1e-2) a kernel ignoring its input could pass",
+    )
+    max_rms: float = Field(
+        default=1e4,
+        gt=0,
+        description="largest estimated activation rms allowed along a chain; stacked sums grow "
+        "fast and huge magnitudes make eager-vs-kernel comparisons brittle",
+    )
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> ComposeConfig:
+        for name in ("batch_range", "forward_window_ms"):
+            lo, hi = getattr(self, name)
+            if not 0 < lo <= hi:
+                raise ValueError(f"{name} must be [lo, hi] with 0 < lo <= hi, got [{lo}, {hi}]")
+        if not self.forward_window_ms[0] <= self.target_forward_ms <= self.forward_window_ms[1]:
+            raise ValueError("target_forward_ms must lie inside forward_window_ms")
+        return self
+
+
+class FiltersConfig(_Section):
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="auto = cuda when available, else cpu"
+    )
+    workers: int = Field(default=0, ge=0, description="sandboxed workers; 0 = from host cores")
+    task_timeout_s: float = Field(default=120.0, gt=0, description="wall clock per candidate")
+    memory_limit_gb: float = Field(
+        default=8.0,
+        gt=0,
+        description="per-candidate memory cap: RLIMIT_AS on CPU; on CUDA (which reserves huge "
+        "virtual ranges) the worker's resident-memory watchdog",
+    )
+    recycle_after: int = Field(default=50, ge=1, description="candidates per worker life")
+    warmup_runs: int = Field(default=3, ge=0)
+    timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
+    window_ms_cuda: tuple[float, float] = Field(
+        default=(1.0, 100.0), description="eager runtime window on a GPU (CUDA Agent's)"
+    )
+    window_ms_cpu: tuple[float, float] = Field(
+        default=(0.1, 1000.0),
+        description="eager runtime window on CPU; CPUs are ~100x slower, so it is wider",
+    )
+    compile_atol: float = Field(default=1e-2, description="evaluator's tolerance")
+    compile_rtol: float = Field(default=1e-2, description="evaluator's tolerance")
+    input_draws: int = Field(default=3, ge=2, description="independent input draws compared")
+    distinct_rtol: float = Field(
+        default=1e-3, description="outputs of different inputs must differ by more than this"
+    )
+    determinism_atol: float = Field(
+        default=1e-6, description="repeated runs on the same inputs may differ by at most this"
+    )
+    shard_size: int = Field(default=64, ge=1, description="candidates per Prefect task")
+    determinism_rtol: float = Field(
+        default=1e-5,
+        ge=0,
+        description="relative slack for repeated runs: GPU reductions with atomics reorder float "
+        "sums (~1e-7 relative); real nondeterminism (torch.empty, races) is far larger",
+    )
+    device_speed_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="measured eager ms are multiplied by this before the window check, to "
+        "emulate a reference device (Ops-6K was filtered on H20s; a faster GPU needs > 1); "
+        "derive it with filters.calibrate",
+    )
+    sandbox: Literal["auto", "bwrap", "rlimits"] = Field(
+        default="auto",
+        description="worker isolation: bubblewrap namespaces, or rlimits only (contains resource "
+        "use, not file/network access); auto = bwrap when its start-up probe passes",
+    )
+    cache_dir: str = Field(
+        default="",
+        description="shared torch.compile caches (inductor, triton), reused across workers and "
+        "runs; empty = $XDG_CACHE_HOME/opsynth or ~/.cache/opsynth",
+    )
+    start_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="a worker must import torch and probe its device within this; cold file "
+        "caches on network filesystems make the first torch import slow",
+    )
+    grace_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="orchestrator slack beyond task_timeout_s before a silent worker counts as "
+        "hung; covers the worker's own kill, reap and report",
+    )
+    max_processes: int = Field(
+        default=256,
+        ge=8,
+        description="processes + threads a candidate may run at once; torch needs a few dozen, "
+        "a fork bomb far more; RLIMIT_NPROC does not bind root, so the worker's watchdog counts",
+    )
+    output_limit_kb: int = Field(
+        default=1024,
+        ge=1,
+        description="stdout/stderr a candidate may write: a task that prints in forward is a "
+        "bad benchmark, and a flood must not fill the worker's tmpfs",
+    )
+    file_size_limit_mb: int = Field(
+        default=256,
+        ge=1,
+        description="RLIMIT_FSIZE: the largest file a candidate may write; compile artefacts "
+        "are a few MB",
+    )
+    tmp_size_mb: int = Field(
+        default=1024,
+        ge=16,
+        description="size of each sandboxed worker's private /tmp and /dev/shm (tmpfs, so RAM)",
+    )
+    cores_per_worker: int = Field(
+        default=2,
+        ge=1,
+        description="workers = 0 derives host cores / this; one candidate's torch.compile keeps "
+        "about one core busy (compile threads = 1) plus a C++/ptxas subprocess",
+    )
+    max_workers_per_gpu: int = Field(
+        default=4,
+        ge=1,
+        description="workers = 0 caps workers per GPU here; timing is serialised per GPU, so "
+        "more workers mostly add compile parallelism",
+    )
+
+    @model_validator(mode="after")
+    def _windows_ordered(self) -> FiltersConfig:
+        for name in ("window_ms_cuda", "window_ms_cpu"):
+            lo, hi = getattr(self, name)
+            if not 0 <= lo < hi:
+                raise ValueError(f"{name} must be [lo, hi] with 0 <= lo < hi, got [{lo}, {hi}]")
+        return self
+
+
+class DecontamConfig(_Section):
+    threshold: float = Field(
+        default=0.9, ge=0, le=1, description="drop above this AST similarity (CUDA Agent's)"
+    )
+    levels: list[int] = Field(default=[1, 2, 3], description="KernelBench levels to compare")
+    exact_max: bool = Field(
+        default=True,
+        description=(
+            "report every row's exact max similarity; false only scores pairs whose upper bound "
+            "exceeds the threshold (same drops, rows carry the bound; for 100k+ pools)"
+        ),
+    )
+    workers: int = Field(default=0, ge=0, description="processes for large sets; 0 = host cores")
+
+
+class DedupConfig(_Section):
+    exact: bool = Field(default=True, description="drop tasks whose normalised code repeats")
+    near: bool = Field(default=True, description="drop near-duplicates (MinHash LSH, verified)")
+    near_threshold: float = Field(
+        default=0.85,
+        gt=0,
+        le=1,
+        description=(
+            "Jaccard of normalised AST shingles for near-duplicates; 0.85 joins tasks that differ "
+            "in one size or constant, not tasks that differ in an operator"
+        ),
+    )
+    num_perm: int = Field(
+        default=128, ge=16, le=1024, description="MinHash permutations (LSH candidate recall)"
+    )
+    structural: bool = Field(
+        default=False,
+        description=(
+            "drop tasks whose forward dataflow graph repeats (same operators and wiring, other "
+            "sizes); off: those are distinct kernels, and ~9% of Ops-6K rows share a graph"
+        ),
+    )
+    wl_iterations: int = Field(
+        default=3, ge=1, le=10, description="Weisfeiler-Lehman rounds of the structural hash"
+    )
+    workers: int = Field(default=0, ge=0, description="processes for large sets; 0 = host cores")
+
+
+class RunConfig(_Section):
+    target: int = Field(default=24, ge=1, description="accepted tasks wanted")
+    max_rounds: int = Field(default=4, ge=1, description="compose-filter rounds to reach target")
+    seeds: SeedsConfig = SeedsConfig()
+    compose: ComposeConfig = ComposeConfig()
+    filters: FiltersConfig = FiltersConfig()
+    decontam: DecontamConfig = DecontamConfig()
+    dedup: DedupConfig = DedupConfig()
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def with_overrides(self, **top_level: object) -> RunConfig:
+        data = self.model_dump(mode="json")
+        data.update({k: v for k, v in top_level.items() if v is not None})
+        return RunConfig.model_validate(data)
+
+    def with_section(self, section: str, **values: object) -> RunConfig:
+        data = self.model_dump(mode="json")
+        data[section].update({k: v for k, v in values.items() if v is not None})
+        return RunConfig.model_validate(data)
+
+
+def load_config(path: Path | None) -> RunConfig:
+    """Load a TOML config; every problem becomes one ConfigError line naming the fix."""
+    if path is None:
+        return RunConfig()
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass an existing TOML file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML ({exc}); fix the syntax") from exc
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ConfigError(
+            f"config file {path}: {where}: {first['msg']}; see configs/default.toml"
+        ) from exc
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f'"{k}" = {_toml_value(v)}' for k, v in value.items()) + " }"
+    raise TypeError(f"cannot render {value!r} as TOML")
+
+
+def render_default_toml() -> str:
+    """The documented default config, generated from the models so the two cannot drift."""
+    lines = [
+        "# opsynth default configuration (generated by `python -m opsynth.config`).",
+        "# Every key is optional; omitted keys take these values.",
+        "",
+    ]
+    default = RunConfig()
+
+    def emit(model: BaseModel) -> None:
+        for name, info in type(model).model_fields.items():
+            value = getattr(model, name)
+            if isinstance(value, BaseModel):
+                continue
+            if info.description:
+                lines.append(f"# {info.description}")
+            lines.append(f"{name} = {_toml_value(value)}")
+
+    emit(default)
+    for name in type(default).model_fields:
+        section = getattr(default, name)
+        if isinstance(section, BaseModel):
+            lines += ["", f"[{name}]"]
+            emit(section)
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    out = Path(__file__).resolve().parents[1] / "configs" / "default.toml"
+    out.write_text(render_default_toml())
+    print(f"wrote {out}")

@@ -1,0 +1,44 @@
+"""Config loading: defaults documented in configs/default.toml, every error one line."""
+
+from pathlib import Path
+
+import pytest
+
+from opsynth.config import ConfigError, RunConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_toml_matches_code_defaults():
+    assert load_config(ROOT / "configs" / "default.toml") == RunConfig()
+
+
+def test_hash_changes_with_any_setting():
+    base = RunConfig()
+    assert base.config_hash() == RunConfig().config_hash()
+    assert base.with_overrides(target=7).config_hash() != base.config_hash()
+    assert base.with_section("filters", timed_runs=20).config_hash() != base.config_hash()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("target = [", "not valid TOML"),
+        ("target = 0", "target"),
+        ("tagret = 3", "tagret"),
+        ("[filters]\nwindow_ms_cpu = [5.0, 1.0]", "window_ms_cpu"),
+        ("[filters]\ndevice = 'tpu'", "filters.device"),
+    ],
+)
+def test_bad_config_is_one_line_error(tmp_path, text, expected):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert expected in message and "\n" not in message
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")

@@ -1,0 +1,148 @@
+"""Execution checks through the sandboxed pool: each sample task gets exactly its reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from filters import reasons
+from filters.pool import WorkerPool
+from filters.samples import GOOD, SAMPLES, Sample, task_source
+from filters.smoke import run_smoke
+from opsynth.config import FiltersConfig
+from opsynth.record import Task, Verdict
+
+# Generous limits: the suite must pass on a loaded two-core machine, and the first
+# torch.compile of a fresh cache takes tens of seconds there.
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
+BASE = {"task_timeout_s": 180.0, "grace_s": 20.0, "warmup_runs": 1, "timed_runs": 5}
+
+
+def make_task(code: str, name: str = "sample") -> Task:
+    return Task(ops=[name], data_source="torch#1", code=code)
+
+
+@pytest.fixture(scope="module")
+def cache_dir() -> str:
+    """A compile cache kept between test sessions (like a real run's), so only the very first
+    session pays for cold torch.compile builds."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return str(CACHE)
+
+
+@pytest.fixture(scope="module")
+def sample_run(cache_dir: str) -> tuple[dict[str, list[Verdict]], dict[str, Any]]:
+    cfg = FiltersConfig(workers=2, cache_dir=cache_dir, window_ms_cpu=(0.0, 60000.0), **BASE)
+    tasks = {s.name: make_task(s.code, s.name) for s in SAMPLES}
+    with WorkerPool(cfg, "cpu") as pool:
+        results = pool.evaluate(list(tasks.values()))
+        stats = dict(pool.stats)
+    return {name: results[task.id] for name, task in tasks.items()}, stats
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.name)
+def test_sample_gets_exactly_its_reason(
+    sample: Sample, sample_run: tuple[dict[str, list[Verdict]], dict[str, Any]]
+) -> None:
+    verdicts = sample_run[0][sample.name]
+    expected_stages = list(reasons.STAGES[: reasons.STAGES.index(sample.stage) + 1])
+    assert [v.stage for v in verdicts] == expected_stages, [
+        (v.stage, v.reason, v.detail) for v in verdicts
+    ]
+    assert all(v.passed for v in verdicts[:-1])
+    last = verdicts[-1]
+    assert (last.reason, last.passed) == (sample.reason, sample.reason == "ok"), last.detail
+
+
+def test_every_verdict_carries_device_and_torch_version(
+    sample_run: tuple[dict[str, list[Verdict]], dict[str, Any]],
+) -> None:
+    verdicts, stats = sample_run
+    assert stats["sandbox"] in ("bwrap", "rlimits")
+    assert stats["torch_version"] == torch.__version__
+    for rows in verdicts.values():
+        for v in rows:
+            assert v.device.startswith("cpu:") and v.device != "cpu:"
+            assert v.torch_version == torch.__version__
+            assert v.reason in reasons.ALL
+
+
+def test_good_task_records_its_measures(
+    sample_run: tuple[dict[str, list[Verdict]], dict[str, Any]],
+) -> None:
+    rows = {v.stage: v for v in sample_run[0]["good"]}
+    assert rows["eager"].measures["outputs"] == [{"shape": [128, 256], "dtype": "float32"}]
+    assert rows["randomness"].measures["reseed_max_abs_diff"] == 0.0
+    assert rows["degenerate"].measures["min_pairwise_rel_diff"] > 0.1
+    assert rows["degenerate"].measures["input_influence"]["0"] > 0.1
+    runtime = rows["runtime"].measures
+    assert 0 < runtime["eager_ms_min"] <= runtime["eager_ms_median"]
+    assert runtime["device_name"] and runtime["speed_factor"] == 1.0
+    compiled = rows["compile"].measures
+    assert compiled["compile_s"] > 0 and compiled["compiled_ms_median"] > 0
+    assert compiled["max_abs_diff"] <= 1e-2
+
+
+def test_rejections_explain_themselves(
+    sample_run: tuple[dict[str, list[Verdict]], dict[str, Any]],
+) -> None:
+    verdicts = sample_run[0]
+    assert "candidate.py:" in verdicts["forward_raises"][-1].detail
+    assert verdicts["ignores_second_input"][-1].measures["input"] == 1
+    assert verdicts["dropout_train"][-1].measures["reseed_max_abs_diff"] > 0.1
+    assert verdicts["times_zero"][-1].measures["spread"] == 0.0
+
+
+def test_runtime_window_and_speed_factor(cache_dir: str) -> None:
+    cfg = FiltersConfig(
+        workers=1, cache_dir=cache_dir, window_ms_cpu=(5.0, 50.0), device_speed_factor=2.0, **BASE
+    )
+    tiny = make_task(task_source("return x * 2.0"), "tiny")
+    # Sleeping makes "slow" independent of how fast the test machine is.
+    slow = make_task(
+        task_source("time.sleep(0.08)\n        return x * 2.0", header="import time"), "slow"
+    )
+    with WorkerPool(cfg, "cpu") as pool:
+        results = pool.evaluate([tiny, slow])
+    fast_row, slow_row = results[tiny.id][-1], results[slow.id][-1]
+    assert (fast_row.stage, fast_row.reason) == ("runtime", "too_fast")
+    assert (slow_row.stage, slow_row.reason) == ("runtime", "too_slow")
+    for row in (fast_row, slow_row):
+        m = row.measures
+        assert m["speed_factor"] == 2.0 and m["window_ms"] == [5.0, 50.0]
+        assert m["scaled_ms"] == pytest.approx(2.0 * m["eager_ms_median"], rel=1e-3)
+
+
+def test_reason_codes_are_documented_once() -> None:
+    groups = [
+        reasons.STATIC,
+        reasons.EAGER,
+        reasons.RANDOMNESS,
+        reasons.DEGENERATE,
+        reasons.RUNTIME,
+        reasons.COMPILE,
+        reasons.INFRA,
+    ]
+    codes = [code for group in groups for code in group]
+    assert len(codes) == len(set(codes))
+    assert set(codes) | {reasons.OK} == set(reasons.ALL)
+    assert all(text and "\n" not in text for text in reasons.ALL.values())
+    assert {s.reason for s in SAMPLES} <= set(reasons.ALL)
+    assert GOOD in {s.code for s in SAMPLES}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_every_sample_gets_its_reason_on_cuda(cache_dir: str) -> None:
+    """Includes the GPU-only samples: outputs or module tensors left on the CPU, and a
+    device-side assert (the worker that hit it is replaced, later samples still pass)."""
+    for sample, rows in run_smoke(FiltersConfig(cache_dir=cache_dir, **BASE), "cuda"):
+        last = rows[-1]
+        assert (last.stage, last.reason) == (sample.stage, sample.reason), (
+            sample.name,
+            last.detail,
+        )
+        assert last.device.startswith("cuda:")

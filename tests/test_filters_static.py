@@ -1,0 +1,188 @@
+"""The static pre-check: accepts real tasks, rejects each forbidden form with its reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from filters.samples import GOOD
+from filters.static_check import StaticCheck, check_source
+from opsynth.record import Task
+
+KERNELBENCH = Path("/work/shared/kernelbench/kernelbench.jsonl")
+OPS6K = Path("/work/shared/ops6k/cuda_agent_ops_6k.parquet")
+
+TAIL = """
+
+def get_inputs():
+    return [torch.randn(4, 4)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def module(forward: str, header: str = "") -> str:
+    return (
+        f"import torch\nimport torch.nn as nn\n{header}\n\n"
+        "class Model(nn.Module):\n"
+        "    def forward(self, x):\n"
+        f"        {forward}\n" + TAIL
+    )
+
+
+def test_good_sample_passes() -> None:
+    task = Task(ops=["nn.Linear"], data_source="torch#1", code=GOOD)
+    decision = StaticCheck().filter(task)
+    assert decision.keep, decision
+    assert StaticCheck.name == "static"
+
+
+@pytest.mark.skipif(not KERNELBENCH.exists(), reason="KernelBench reference data absent")
+def test_accepts_every_kernelbench_level1_and_level2_problem() -> None:
+    rows = [json.loads(line) for line in KERNELBENCH.read_text().splitlines()]
+    torch_only = [r for r in rows if r["level"] in (1, 2)]
+    assert len(torch_only) > 100
+    rejected = [(r["name"], check_source(r["code"])) for r in torch_only]
+    rejected = [(name, d.detail) for name, d in rejected if not d.keep]
+    assert rejected == []
+
+
+@pytest.mark.skipif(not OPS6K.exists(), reason="Ops-6K reference data absent")
+def test_accepts_released_ops6k_torch_rows() -> None:
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(OPS6K).slice(0, 300).to_pylist()
+    rejected = [
+        r["ops"]
+        for r in rows
+        if r["data_source"].startswith("torch") and not check_source(r["code"]).keep
+    ]
+    assert rejected == []
+
+
+def test_syntax_error() -> None:
+    decision = check_source("def broken(:\n    pass")
+    assert (decision.keep, decision.reason) == (False, "syntax_error")
+
+
+@pytest.mark.parametrize("symbol", ["Model", "get_inputs", "get_init_inputs"])
+def test_missing_symbol(symbol: str) -> None:
+    source = GOOD.replace(f"class {symbol}", "class Other").replace(f"def {symbol}(", "def other_(")
+    decision = check_source(source)
+    assert (decision.keep, decision.reason) == (False, "missing_symbol")
+    assert symbol in decision.detail
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "import os",
+        "import sys",
+        "import subprocess",
+        "import socket",
+        "import ctypes",
+        "import threading",
+        "import multiprocessing",
+        "import importlib",
+        "import pickle",
+        "import shutil",
+        "import inspect",
+        "import os.path",
+        "from os import path",
+        "from . import sibling",
+        "import numpy as np",
+        "import transformers",
+        "import torch.utils.cpp_extension",
+        "from torch.utils.cpp_extension import load_inline",
+        "from torch.utils import cpp_extension",
+        "import torch.multiprocessing as mp",
+        "import torch.distributed as dist",
+        "from torch import hub",
+    ],
+)
+def test_forbidden_import(header: str) -> None:
+    decision = check_source(module("return x", header))
+    assert (decision.keep, decision.reason) == (False, "forbidden_import"), decision
+
+
+def test_import_inside_function_is_checked() -> None:
+    decision = check_source(module("import os\n        return x"))
+    assert decision.reason == "forbidden_import"
+
+
+def test_transformers_only_for_transformers_tasks() -> None:
+    source = module("return x", "from transformers.activations import ACT2FN")
+    torch_task = Task(ops=["x"], data_source="torch#2", code=source)
+    hf_task = Task(ops=["x"], data_source="transformers", code=source)
+    assert StaticCheck().filter(torch_task).reason == "forbidden_import"
+    assert StaticCheck().filter(hf_task).keep
+
+
+@pytest.mark.parametrize(
+    ("forward", "header"),
+    [
+        ("return open('/etc/passwd').read()", ""),
+        ("f = open\n        return x", ""),
+        ("return eval('x')", ""),
+        ("exec('y = 1')\n        return x", ""),
+        ("return compile('1', 'f', 'eval')", ""),
+        ("return __import__('os')", ""),
+        ("return globals()['torch']", ""),
+        ("return locals()", ""),
+        ("breakpoint()\n        return x", ""),
+        ("input()\n        return x", ""),
+        ("exit(0)", ""),
+        ("return __builtins__", ""),
+        ("return getattr(x, '__class__')", ""),
+        ("setattr(x, '__dict__', {})\n        return x", ""),
+        ("return x.__class__.__bases__[0].__subclasses__()", ""),
+        ("return ().__class__.__base__", ""),
+        ("return self.forward.__globals__", ""),
+        ("return self.forward.__func__", ""),
+        ("return print.__self__", ""),
+        ("return '{0.__globals__}'.format(self.forward)", ""),
+        ("return torch.load('weights.pt')", ""),
+        ("torch.save(x, '/tmp/x.pt')\n        return x", ""),
+        ("return t.load('weights.pt')", "import torch as t"),
+        ("return load('weights.pt')", "from torch import load"),
+        ("return getattr(torch, 'load')('w.pt')", ""),
+        ("torch.ops.load_library('/tmp/evil.so')\n        return x", ""),
+        ("return torch.hub.load('repo', 'model')", ""),
+        ("return torch.utils.cpp_extension.load_inline('m', '')", ""),
+        ("return torch.from_file('/etc/passwd')", ""),
+        ("return self.forward.__code__", ""),
+        ("return self.gen.gi_frame.f_back.f_globals", ""),
+    ],
+)
+def test_forbidden_call(forward: str, header: str) -> None:
+    decision = check_source(module(forward, header))
+    assert (decision.keep, decision.reason) == (False, "forbidden_call"), decision
+
+
+@pytest.mark.parametrize(
+    "forward",
+    [
+        "return self.eval() or x",
+        "return torch.compile is not None and x",
+        "super().__init__()\n        return x",
+        "return x if self.__class__.__name__ else x",
+        "return getattr(self, 'scale', 1.0) * x",
+        "return getattr(torch, 'relu')(x)",
+        "input = x * 2\n        return input",
+        "return torch.nn.functional.dropout(x, training=False)",
+    ],
+)
+def test_ordinary_code_is_not_rejected(forward: str) -> None:
+    decision = check_source(module(forward, "import math\nimport torch.nn.functional as F"))
+    assert decision.keep, decision
+
+
+def test_parameter_named_input_is_fine() -> None:
+    source = GOOD.replace("def forward(self, x):", "def forward(self, input):").replace(
+        "self.linear(x)) * 2.0 + x", "self.linear(input)) * 2.0 + input"
+    )
+    assert check_source(source).keep

@@ -1,0 +1,148 @@
+"""End-to-end ``opsynth run``: the real CLI, Prefect's temporary server, sandboxed workers.
+
+These runs are small (a few tasks) but go through every stage for real, including a SIGKILL
+of the whole process group mid-run and a resume that must reproduce the same dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TINY = """
+target = 3
+max_rounds = 3
+
+[compose]
+seed = 11
+mix = { "torch#1" = 0.5, "torch#2" = 0.5 }
+oversample = 1.5
+
+[filters]
+device = "cpu"
+workers = 2
+warmup_runs = 1
+timed_runs = 3
+shard_size = 2
+task_timeout_s = 90.0
+"""
+
+
+def opsynth(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def accepted_rows(run: Path) -> list[tuple[str, str, str, str]]:
+    rows = pq.read_table(run / "accepted.parquet").to_pylist()
+    return [(r["id"], r["ops"], r["data_source"], r["code"]) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, tiny_config) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    proc = opsynth("run", "--out", str(out), "--config", str(tiny_config), cwd=out.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_run_writes_every_stage_file(reference_run):
+    for name in ("seeds", "candidates", "verdicts", "accepted", "rejected"):
+        assert (reference_run / f"{name}.parquet").is_file(), name
+    manifest = json.loads((reference_run / "run.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["counts"]["accepted"] == 3
+    stages = [row["stage"] for row in manifest["funnel"]]
+    for stage in ("static", "decontam", "eager", "randomness", "degenerate", "runtime", "compile"):
+        assert stage in stages
+    # every candidate that was not accepted has at least one failing verdict explaining why
+    verdicts = pq.read_table(reference_run / "verdicts.parquet").to_pylist()
+    failing = {v["task_id"] for v in verdicts if not v["passed"]}
+    rejected = {r["id"] for r in pq.read_table(reference_run / "rejected.parquet").to_pylist()}
+    assert rejected <= failing
+    for row in pq.read_table(reference_run / "accepted.parquet").to_pylist():
+        assert row["data_source"] == f"torch#{len(json.loads(row['ops']))}"
+        assert "class Model" in row["code"] and "def get_inputs" in row["code"]
+        assert json.loads(row["meta"])["filters"]["runtime"]
+
+
+def test_rerun_recomputes_nothing(reference_run, tiny_config):
+    before = accepted_rows(reference_run)
+    args = ("run", "--out", str(reference_run), "--config", str(tiny_config))
+    proc = opsynth(*args, cwd=reference_run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((reference_run / "run.json").read_text())
+    assert manifest["work"]["computed"] == {}
+    assert manifest["filters_runtime"] == {}  # no worker was even started
+    assert accepted_rows(reference_run) == before
+
+
+def test_status_shows_funnel(reference_run):
+    proc = opsynth("status", str(reference_run), cwd=reference_run)
+    assert proc.returncode == 0, proc.stderr
+    assert "compile" in proc.stdout and "complete" in proc.stdout
+
+
+def _kill_when(out: Path, tiny_config: Path, ready) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", "--out", str(out), "--config", str(tiny_config)],
+        cwd=out.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    try:
+        while not ready() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, "run finished before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("moment", ["first-shard-written", "early"])
+def test_sigkill_then_resume_gives_identical_dataset(tmp_path, tiny_config, reference_run, moment):
+    out = tmp_path / "run"
+    if moment == "early":
+        start = time.monotonic()
+
+        def ready() -> bool:
+            return time.monotonic() - start > 8
+
+    else:
+
+        def ready() -> bool:
+            return any((out / "work").glob("filter-*.parquet"))
+
+    _kill_when(out, tiny_config, ready)
+    assert not (out / "accepted.parquet").exists()
+    proc = opsynth("run", "--out", str(out), "--config", str(tiny_config), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert accepted_rows(out) == accepted_rows(reference_run)
+    if moment == "first-shard-written":
+        manifest = json.loads((out / "run.json").read_text())
+        assert manifest["work"]["reused"].get("filter-shard", 0) >= 1

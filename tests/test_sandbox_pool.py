@@ -1,0 +1,129 @@
+"""Pool mechanics: device resolution, worker counts, recycling, fallback, progress, shutdown."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from filters import calibrate, sandbox
+from filters.pool import PoolError, WorkerPool, resolve_device, worker_count
+from filters.samples import task_source
+from opsynth.config import FiltersConfig
+from opsynth.record import Task
+
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
+
+
+def config(**overrides: object) -> FiltersConfig:
+    values: dict[str, object] = {
+        "workers": 1,
+        "cache_dir": str(CACHE),
+        "task_timeout_s": 60.0,
+        "grace_s": 10.0,
+        "window_ms_cpu": (0.0, 60000.0),
+    }
+    values.update(overrides)
+    return FiltersConfig(**values)
+
+
+def constant_task(value: int) -> Task:
+    """Rejected at the degenerate stage: cheap, and never reaches torch.compile."""
+    return Task(
+        ops=[f"c{value}"], data_source="torch#1", code=task_source(f"return x * 0 + {value}")
+    )
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="auto, cpu or cuda"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+def test_worker_count() -> None:
+    cfg = FiltersConfig()
+    assert worker_count(cfg.model_copy(update={"workers": 3}), "cpu", 64, 0) == 3
+    assert worker_count(cfg, "cpu", 2, 0) == 1
+    assert worker_count(cfg, "cpu", 16, 0) == 16 // cfg.cores_per_worker
+    assert worker_count(cfg, "cuda", 16, 1) == cfg.max_workers_per_gpu
+    assert worker_count(cfg, "cuda", 128, 8) == 8 * cfg.max_workers_per_gpu
+    assert worker_count(cfg, "cuda", 4, 8) == 8  # at least one worker per GPU
+
+
+def test_workers_are_recycled_and_results_keep_order() -> None:
+    tasks = [constant_task(v) for v in range(1, 4)]
+    seen: list[tuple[int, int]] = []
+    with WorkerPool(config(recycle_after=2), "cpu") as pool:
+        results = pool.evaluate(
+            tasks + tasks[:2], progress=lambda done, total: seen.append((done, total))
+        )
+        stats = dict(pool.stats)
+        procs = [w.proc for w in pool._workers if w is not None]
+    assert list(results) == [t.id for t in tasks]  # duplicates evaluated once, input order kept
+    assert all(rows[-1].reason == "constant_output" for rows in results.values())
+    assert seen[-1] == (3, 3) and len(seen) == 3
+    assert stats["candidates"] == 3
+    assert stats["workers_replaced"] >= 1 and stats["workers_started"] >= 2
+    assert all(p.poll() is not None for p in procs)  # close() leaves no worker behind
+    assert WorkerPool(config(), "cpu").evaluate([]) == {}
+
+
+def test_auto_falls_back_to_rlimits_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap")
+    with WorkerPool(config(sandbox="auto"), "cpu") as pool:
+        assert pool.stats["sandbox"] == "rlimits"
+        assert "not installed" in pool.stats["sandbox_fallback_reason"]
+        results = pool.evaluate([constant_task(7)])
+    assert next(iter(results.values()))[-1].reason == "constant_output"
+    with pytest.raises(PoolError, match="bwrap"):
+        WorkerPool(config(sandbox="bwrap"), "cpu").start()
+
+
+@pytest.mark.skipif(not sandbox.bwrap_available(), reason="bubblewrap is not installed")
+def test_bwrap_is_used_when_available() -> None:
+    with WorkerPool(config(sandbox="bwrap"), "cpu") as pool:
+        assert pool.stats["sandbox"] == "bwrap"
+        assert pool.stats["device"] == "cpu" and pool.stats["device_name"]
+        assert pool.stats["torch_version"] == torch.__version__
+        factors = pool.calibrate()
+    assert set(factors) == set(calibrate.BENCHMARKS)
+    assert all(ms > 0 for ms in factors.values())
+
+
+def test_speed_factor_is_a_geometric_mean() -> None:
+    local = {"a": 1.0, "b": 2.0, "c": 5.0}
+    reference = {"a": 2.0, "b": 8.0}
+    assert calibrate.speed_factor(local, reference) == pytest.approx(math.sqrt(2.0 * 4.0))
+    with pytest.raises(ValueError):
+        calibrate.speed_factor(local, {"z": 1.0})
+
+
+def test_worker_environment_is_an_allow_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-leak")
+    paths = sandbox.Paths("/c", "/l", "/w")
+    env = sandbox.worker_env(paths=paths, kind="bwrap", threads=3, cuda_visible="1")
+    assert "OPENAI_API_KEY" not in env
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["OMP_NUM_THREADS"] == "3"
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{sandbox.SANDBOX_CACHE}/inductor"
+    fallback = sandbox.worker_env(paths=paths, kind="rlimits", threads=1, cuda_visible=None)
+    assert fallback["TORCHINDUCTOR_CACHE_DIR"] == "/c/inductor"
+    assert fallback["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_bwrap_command_hides_the_host() -> None:
+    args = sandbox.bwrap_prefix(
+        paths=sandbox.Paths("/c", "/l", "/w"), device="cpu", tmp_bytes=1 << 20
+    )
+    binds = {args[i + 2] for i, a in enumerate(args) if a in ("--ro-bind", "--bind")}
+    assert "--unshare-all" in args and "--die-with-parent" in args
+    assert args[args.index("--cap-drop") + 1] == "ALL"
+    assert "/" not in binds and "/etc" not in binds and "/home" not in binds
+    assert not any(b == "/root" or b.startswith("/root/.ssh") for b in binds)
+    assert {sandbox.SANDBOX_CACHE, sandbox.SANDBOX_LOCKS} <= binds
