@@ -6,8 +6,9 @@ collects the verdict rows the worker streams back. A worker that dies (a candida
 stops answering within ``task_timeout_s + grace_s``, reports a CUDA error, or has served
 ``recycle_after`` candidates is replaced; the candidate it was running gets a verdict for the
 stage it was in (``worker_lost`` / ``timeout``). Everything runs on the calling thread with one
-``select`` loop; bwrap's ``--die-with-parent`` ties workers to that thread, so a pool must be
-used from the thread that created it.
+``select`` loop, one call at a time (a lock serialises callers). bwrap's ``--die-with-parent``
+ties each worker to the thread that started it (Linux's parent-death signal is per thread):
+use a pool from threads that outlive it, e.g. the main thread or a long-lived executor's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -182,6 +184,8 @@ class WorkerPool:
         self._start_failure_detail = ""
         self._serial = 0
         self._finished: list[tuple[str, list[Verdict]]] = []
+        # One caller at a time: the pool already runs a call's tasks concurrently.
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -194,8 +198,11 @@ class WorkerPool:
 
     def start(self) -> None:
         """Choose the sandbox, start every worker and wait until all are ready."""
-        if self._root is not None:
-            return
+        with self._lock:
+            if self._root is None:
+                self._start()
+
+    def _start(self) -> None:
         self._root = tempfile.mkdtemp(prefix="opsynth-pool-")
         try:
             self._paths_cache = self.cfg.cache_dir or default_cache_dir()
@@ -211,7 +218,7 @@ class WorkerPool:
             self.stats["workers"] = count
             self._start_with_fallback()
         except BaseException:
-            self.close()
+            self._close()
             raise
 
     def _start_with_fallback(self) -> None:
@@ -230,6 +237,10 @@ class WorkerPool:
 
     def close(self) -> None:
         """Ask workers to exit, kill the ones that do not, remove the pool's temp dir."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         for worker in self._workers:
             if worker is not None:
                 self._retire(worker)
@@ -292,7 +303,13 @@ class WorkerPool:
     ) -> dict[str, list[Verdict]]:
         """Verdict rows per task id (execution stages in order, up to the first failure).
         Tasks with the same id are evaluated once. ``progress(done, total)`` is called after
-        each finished task."""
+        each finished task. Calls from several threads are serialised."""
+        with self._lock:
+            return self._evaluate(tasks, progress)
+
+    def _evaluate(
+        self, tasks: Iterable[Task], progress: Progress | None
+    ) -> dict[str, list[Verdict]]:
         self.start()
         unique: dict[str, Task] = {}
         for task in tasks:
@@ -318,6 +335,10 @@ class WorkerPool:
 
     def calibrate(self) -> dict[str, float]:
         """Run ``filters.calibrate.calibration_benchmark`` on this pool's device, in a worker."""
+        with self._lock:
+            return self._calibrate()
+
+    def _calibrate(self) -> dict[str, float]:
         self.start()
         while True:
             worker = next((w for w in self._workers if w is not None and w.state == "idle"), None)

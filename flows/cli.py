@@ -159,7 +159,7 @@ def audit(
             raise UserError(f"--sample must be at least 1, got {sample}")
         resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
         run_dir = RunDir.create(out)
-        from flows.audit import AuditInputError, load_input, sample_tasks
+        from flows.inputs import AuditInputError, load_input, sample_tasks
 
         try:
             tasks = sample_tasks(load_input(input), sample, seed)
@@ -181,6 +181,72 @@ def audit(
         f"{manifest['input_rows']} rows, {counts['candidates']} unique: kept {counts['accepted']}"
         f", rejected {counts['rejected']} -> {out}/accepted.parquet, {out}/verdicts.parquet"
     )
+
+
+def _load_for_pure_stage(input: str, sample: int | None, seed: int) -> list:
+    from flows.inputs import AuditInputError, load_input, sample_tasks
+
+    try:
+        return sample_tasks(load_input(input), sample, seed)
+    except AuditInputError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def _write_pure_stage(out: Path, result, title: str) -> None:
+    """Kept rows, dropped rows and every verdict; the counts table on stdout."""
+    from opsynth.store import write_tasks, write_verdicts
+
+    run_dir = RunDir.create(out)
+    write_tasks(result.kept, run_dir.path("kept.parquet"))
+    write_tasks(result.dropped, run_dir.path("dropped.parquet"))
+    write_verdicts(result.verdicts, run_dir.path("verdicts.parquet"))
+    _print_funnel(
+        [
+            {"stage": s.stage, "entered": s.entered, "passed": s.passed, "reasons": s.reasons}
+            for s in funnel(result.verdicts)
+        ],
+        title,
+    )
+    Console().print(f"kept {len(result.kept)}, dropped {len(result.dropped)} -> {out}")
+
+
+@app.command()
+def decontam(
+    input: Annotated[str, typer.Option("--input", help="Ops-6K-shaped parquet or Hub id")],
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("runs/decontam"),
+    sample: Annotated[int | None, typer.Option("--sample", help="a seeded sample")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="sample seed")] = 0,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
+) -> None:
+    """Drop tasks whose Model class is too similar to a KernelBench problem (no execution)."""
+    try:
+        cfg = load_config(config)
+        tasks = _load_for_pure_stage(input, sample, seed)
+        from ast_dedup.decontam import decontaminate_tasks
+
+        result = decontaminate_tasks(tasks, cfg.decontam)
+        _write_pure_stage(out, result, f"decontam of {input} (threshold {cfg.decontam.threshold})")
+    except (ConfigError, RunDirError, UserError) as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def dedup(
+    input: Annotated[str, typer.Option("--input", help="Ops-6K-shaped parquet or Hub id")],
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("runs/dedup"),
+    sample: Annotated[int | None, typer.Option("--sample", help="a seeded sample")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="sample seed")] = 0,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
+) -> None:
+    """Drop exact, near and structural duplicates within a set; one representative each."""
+    try:
+        cfg = load_config(config)
+        tasks = _load_for_pure_stage(input, sample, seed)
+        from ast_dedup.dedup import dedup as dedup_tasks
+
+        _write_pure_stage(out, dedup_tasks(tasks, cfg.dedup), f"dedup of {input}")
+    except (ConfigError, RunDirError, UserError) as exc:
+        _fail(str(exc))
 
 
 @app.command()
