@@ -310,10 +310,12 @@ class WorkerPool:
     def _evaluate(
         self, tasks: Iterable[Task], progress: Progress | None
     ) -> dict[str, list[Verdict]]:
-        self.start()
         unique: dict[str, Task] = {}
         for task in tasks:
             unique.setdefault(task.id, task)
+        if not unique:
+            return {}
+        self.start()
         queue = deque(unique.values())
         results: dict[str, list[Verdict]] = {}
         self._finished = []

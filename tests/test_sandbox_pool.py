@@ -71,7 +71,9 @@ def test_workers_are_recycled_and_results_keep_order() -> None:
     assert stats["candidates"] == 3
     assert stats["workers_replaced"] >= 1 and stats["workers_started"] >= 2
     assert all(p.poll() is not None for p in procs)  # close() leaves no worker behind
-    assert WorkerPool(config(), "cpu").evaluate([]) == {}
+    idle = WorkerPool(config(), "cpu")
+    assert idle.evaluate([]) == {}
+    assert idle.stats["workers_started"] == 0  # nothing to do starts nothing
 
 
 def test_auto_falls_back_to_rlimits_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
