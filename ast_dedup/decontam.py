@@ -130,22 +130,18 @@ def _decontam_result(
     decisions = [flt.decide(task, near) for task, near in zip(tasks, nearest, strict=True)]
     elapsed = round((time.perf_counter() - started) / max(1, len(tasks)), 6)
     for task, decision in zip(tasks, decisions, strict=True):
-        result.counts["input"] += 1
-        result.verdicts.append(
-            Verdict(
-                task_id=task.id,
-                stage=STAGE,
-                passed=decision.keep,
-                reason=decision.reason,
-                detail=decision.detail,
-                measures=decision.measures,
-                elapsed_s=elapsed,
-            )
+        result.add(
+            task,
+            [
+                Verdict(
+                    task_id=task.id,
+                    stage=STAGE,
+                    passed=decision.keep,
+                    reason=decision.reason,
+                    detail=decision.detail,
+                    measures=decision.measures,
+                    elapsed_s=elapsed,
+                )
+            ],
         )
-        if decision.keep:
-            result.kept.append(task)
-            result.counts["kept"] += 1
-        else:
-            result.dropped.append(task)
-            result.counts[f"dropped_{decision.reason}"] += 1
     return result

@@ -279,13 +279,5 @@ def _dedup_with_keys(
             elapsed_s=elapsed,
         )
     for pos, task in enumerate(tasks):
-        verdict = verdicts[pos]
-        result.verdicts.append(verdict)
-        result.counts["input"] += 1
-        if verdict.passed:
-            result.kept.append(task)
-            result.counts["kept"] += 1
-        else:
-            result.dropped.append(task)
-            result.counts[f"dropped_{verdict.reason}"] += 1
+        result.add(task, [verdicts[pos]])
     return result

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from filters.pool import Progress, WorkerPool
-from filters.reasons import STAGES
 from filters.static_check import StaticCheck
 from opsynth.config import FiltersConfig
 from opsynth.record import Task
@@ -79,18 +78,9 @@ def _audit(tasks: Sequence[Task], pool: WorkerPool, progress: Progress | None) -
     static = apply_filters(tasks, [StaticCheck()], device=label, torch_version=torch_version)
     executed = pool.evaluate(static.kept, progress)
 
-    result = StepResult(dropped=list(static.dropped), verdicts=list(static.verdicts))
-    result.counts["input"] = len(tasks)
-    for key, value in static.counts.items():
-        if key.startswith("dropped_"):
-            result.counts[key] += value
-    for task in static.kept:
-        rows = executed[task.id]
-        result.verdicts += rows
-        if len(rows) == len(STAGES) and all(v.passed for v in rows):
-            result.kept.append(task)
-            result.counts["kept"] += 1
-        else:
-            result.dropped.append(task)
-            result.counts[f"dropped_{rows[-1].reason if rows else 'worker_lost'}"] += 1
+    result = StepResult()
+    # one static verdict per task, in task order (duplicate rows share an id, not a verdict)
+    for task, checked in zip(tasks, static.verdicts, strict=True):
+        executed_rows = executed.get(task.id, []) if checked.passed else []
+        result.add(task, [checked, *executed_rows])
     return result

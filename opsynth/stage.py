@@ -45,6 +45,19 @@ class StepResult:
     verdicts: list[Verdict] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
 
+    def add(self, task: Task, verdicts: Sequence[Verdict]) -> None:
+        """Record ``task``'s verdicts at this step: kept when every one passed, else dropped
+        and counted under the first failing reason."""
+        self.verdicts.extend(verdicts)
+        self.counts["input"] += 1
+        failed = next((v for v in verdicts if not v.passed), None)
+        if failed is None:
+            self.kept.append(task)
+            self.counts["kept"] += 1
+        else:
+            self.dropped.append(task)
+            self.counts[f"dropped_{failed.reason}"] += 1
+
     def extend(self, other: StepResult) -> None:
         self.kept += other.kept
         self.dropped += other.dropped
@@ -62,15 +75,14 @@ def apply_filters(
     """Run each task through ``filters`` in order, stopping at its first drop."""
     result = StepResult()
     for task in tasks:
-        result.counts["input"] += 1
-        kept = True
+        verdicts: list[Verdict] = []
         for flt in filters:
             start = time.perf_counter()
             try:
                 decision = flt.filter(task)
             except Exception as exc:  # a filter bug must not lose the task or the run
                 decision = drop("filter_error", f"{type(exc).__name__}: {exc}")
-            result.verdicts.append(
+            verdicts.append(
                 Verdict(
                     task_id=task.id,
                     stage=flt.name,
@@ -84,11 +96,6 @@ def apply_filters(
                 )
             )
             if not decision.keep:
-                result.counts[f"dropped_{decision.reason}"] += 1
-                result.dropped.append(task)
-                kept = False
                 break
-        if kept:
-            result.counts["kept"] += 1
-            result.kept.append(task)
+        result.add(task, verdicts)
     return result
