@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opsynth.config import ConfigError, RunConfig, load_config
-from opsynth.funnel import funnel
+from opsynth.funnel import funnel_rows
 from opsynth.store import RunDir, RunDirError, read_verdicts
 
 app = typer.Typer(
@@ -155,16 +155,9 @@ def audit(
     """Run the filters, decontamination and dedup over an existing task set."""
     try:
         cfg = load_config(config)
-        if sample is not None and sample < 1:
-            raise UserError(f"--sample must be at least 1, got {sample}")
         resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
         run_dir = RunDir.create(out)
-        from flows.inputs import AuditInputError, load_input, sample_tasks
-
-        try:
-            tasks = sample_tasks(load_input(input), sample, seed)
-        except AuditInputError as exc:
-            raise UserError(str(exc)) from exc
+        tasks = _load_input(input, sample, seed)
         _start_prefect(run_dir)
         from flows.audit import audit as audit_flow
 
@@ -183,70 +176,77 @@ def audit(
     )
 
 
-def _load_for_pure_stage(input: str, sample: int | None, seed: int) -> list:
+def _load_input(input: str, sample: int | None, seed: int) -> list:
     from flows.inputs import AuditInputError, load_input, sample_tasks
 
+    if sample is not None and sample < 1:
+        raise UserError(f"--sample must be at least 1, got {sample}")
     try:
         return sample_tasks(load_input(input), sample, seed)
     except AuditInputError as exc:
         raise UserError(str(exc)) from exc
 
 
-def _write_pure_stage(out: Path, result, title: str) -> None:
-    """Kept rows, dropped rows and every verdict; the counts table on stdout."""
+def _pure_stage(input: str, out: Path, sample: int | None, seed: int, config, stage) -> None:
+    """Load a set, run ``stage(tasks, cfg) -> (StepResult, title)`` on it (no task code runs),
+    write kept rows, dropped rows and every verdict, and print the counts table."""
     from opsynth.store import write_tasks, write_verdicts
 
-    run_dir = RunDir.create(out)
-    write_tasks(result.kept, run_dir.path("kept.parquet"))
-    write_tasks(result.dropped, run_dir.path("dropped.parquet"))
-    write_verdicts(result.verdicts, run_dir.path("verdicts.parquet"))
-    _print_funnel(
-        [
-            {"stage": s.stage, "entered": s.entered, "passed": s.passed, "reasons": s.reasons}
-            for s in funnel(result.verdicts)
-        ],
-        title,
-    )
+    try:
+        cfg = load_config(config)
+        result, title = stage(_load_input(input, sample, seed), cfg)
+        run_dir = RunDir.create(out)
+        write_tasks(result.kept, run_dir.path("kept.parquet"))
+        write_tasks(result.dropped, run_dir.path("dropped.parquet"))
+        write_verdicts(result.verdicts, run_dir.path("verdicts.parquet"))
+    except (ConfigError, RunDirError, UserError) as exc:
+        _fail(str(exc))
+        return
+    _print_funnel(funnel_rows(result.verdicts), title)
     Console().print(f"kept {len(result.kept)}, dropped {len(result.dropped)} -> {out}")
+
+
+InputOption = Annotated[str, typer.Option("--input", help="Ops-6K-shaped parquet or Hub id")]
+SampleOption = Annotated[int | None, typer.Option("--sample", help="a seeded sample")]
+SeedOption = Annotated[int, typer.Option("--seed", help="sample seed")]
+ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML config file")]
 
 
 @app.command()
 def decontam(
-    input: Annotated[str, typer.Option("--input", help="Ops-6K-shaped parquet or Hub id")],
+    input: InputOption,
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("runs/decontam"),
-    sample: Annotated[int | None, typer.Option("--sample", help="a seeded sample")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="sample seed")] = 0,
-    config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
+    sample: SampleOption = None,
+    seed: SeedOption = 0,
+    config: ConfigOption = None,
 ) -> None:
     """Drop tasks whose Model class is too similar to a KernelBench problem (no execution)."""
-    try:
-        cfg = load_config(config)
-        tasks = _load_for_pure_stage(input, sample, seed)
+
+    def stage(tasks, cfg):
         from ast_dedup.decontam import decontaminate_tasks
 
-        result = decontaminate_tasks(tasks, cfg.decontam)
-        _write_pure_stage(out, result, f"decontam of {input} (threshold {cfg.decontam.threshold})")
-    except (ConfigError, RunDirError, UserError) as exc:
-        _fail(str(exc))
+        title = f"decontam of {input} (threshold {cfg.decontam.threshold})"
+        return decontaminate_tasks(tasks, cfg.decontam), title
+
+    _pure_stage(input, out, sample, seed, config, stage)
 
 
 @app.command()
 def dedup(
-    input: Annotated[str, typer.Option("--input", help="Ops-6K-shaped parquet or Hub id")],
+    input: InputOption,
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("runs/dedup"),
-    sample: Annotated[int | None, typer.Option("--sample", help="a seeded sample")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="sample seed")] = 0,
-    config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
+    sample: SampleOption = None,
+    seed: SeedOption = 0,
+    config: ConfigOption = None,
 ) -> None:
     """Drop exact, near and structural duplicates within a set; one representative each."""
-    try:
-        cfg = load_config(config)
-        tasks = _load_for_pure_stage(input, sample, seed)
+
+    def stage(tasks, cfg):
         from ast_dedup.dedup import dedup as dedup_tasks
 
-        _write_pure_stage(out, dedup_tasks(tasks, cfg.dedup), f"dedup of {input}")
-    except (ConfigError, RunDirError, UserError) as exc:
-        _fail(str(exc))
+        return dedup_tasks(tasks, cfg.dedup), f"dedup of {input}"
+
+    _pure_stage(input, out, sample, seed, config, stage)
 
 
 @app.command()
@@ -262,10 +262,7 @@ def status(out: Annotated[Path, typer.Argument(help="a run directory")]) -> None
             for path in sorted((run_dir.root / "work").glob("*.parquet")):
                 if path.name.startswith(("prefilter-", "filter-")):
                     verdicts += read_verdicts(path)
-            rows = [
-                {"stage": s.stage, "entered": s.entered, "passed": s.passed, "reasons": s.reasons}
-                for s in funnel(verdicts)
-            ]
+            rows = funnel_rows(verdicts)
     except RunDirError as exc:
         _fail(str(exc))
         return

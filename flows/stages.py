@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 import opsynth
 from opsynth.config import RunConfig
-from opsynth.funnel import funnel
+from opsynth.funnel import funnel_rows
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.stage import apply_filters
 from opsynth.store import (
@@ -228,10 +228,7 @@ def export(
             "accepted": len(exported),
             "rejected": len(rejected),
         },
-        "funnel": [
-            {"stage": s.stage, "entered": s.entered, "passed": s.passed, "reasons": dict(s.reasons)}
-            for s in funnel(all_verdicts)
-        ],
+        "funnel": funnel_rows(all_verdicts),
     }
 
 

@@ -52,6 +52,14 @@ def funnel(verdicts: Iterable[Verdict]) -> list[StageCount]:
     return ordered + list(counts.values())
 
 
+def funnel_rows(verdicts: Iterable[Verdict]) -> list[dict]:
+    """The funnel as plain dicts, the form ``run.json`` stores and the CLI prints."""
+    return [
+        {"stage": s.stage, "entered": s.entered, "passed": s.passed, "reasons": dict(s.reasons)}
+        for s in funnel(verdicts)
+    ]
+
+
 def reason_counts(verdicts: Iterable[Verdict]) -> Counter[str]:
     """``dropped_<reason>`` counts, datatrove style."""
     return Counter(f"dropped_{v.reason}" for v in verdicts if not v.passed)
