@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from filters.reasons import STAGES
+from filters.reasons import STAGES, stages_of
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -56,11 +56,15 @@ class Settings:
     determinism_atol: float = 1e-6
     determinism_rtol: float = 1e-5
     lock_dir: str = ""
+    # The stages to run, in order: all of them to filter, a subset to measure (sizing).
+    stages: tuple[str, ...] = STAGES
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Settings:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
+        if "stages" in values:
+            values["stages"] = stages_of(values)
         if "window_ms" in values:
             values["window_ms"] = tuple(values["window_ms"])
         return cls(**values)
@@ -90,7 +94,7 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
         "runtime": stage_runtime,
         "compile": stage_compile,
     }
-    for name in STAGES:
+    for name in cand.s.stages:
         emit({"event": "stage", "stage": name})
         start = time.perf_counter()
         try:
@@ -439,8 +443,11 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
 
 def time_runs(c: Candidate, fn: Any, slow_ms: float | None) -> list[float]:
     """Milliseconds per run after warm-up. On CUDA: events, synchronize, L2 flushed before each
-    run, and the per-GPU lock held so no other worker's timing overlaps. Stops early once more
-    than half the runs exceed ``slow_ms`` (the median can no longer fall inside the window)."""
+    run, and the per-GPU lock held so no other worker's timing overlaps. On CPU: wall time,
+    which an oversubscribed host inflates (a worker with 2 intra-op threads on 2 busy cores
+    read a 10 us forward as 10 ms), so CPU windows are only as good as the host is quiet.
+    Stops early once more than half the runs exceed ``slow_ms`` (the median can no longer
+    fall inside the window)."""
     args = c.inputs
     with torch.no_grad():
         for _ in range(c.s.warmup_runs):
@@ -471,13 +478,13 @@ def time_runs(c: Candidate, fn: Any, slow_ms: float | None) -> list[float]:
 # Helpers
 
 
-def load_module(path: str) -> Any:
+def load_module(path: str, name: str = CANDIDATE_MODULE) -> Any:
     """Import the candidate from its file so tracebacks, inspect and dynamo see real source."""
-    spec = importlib.util.spec_from_file_location(CANDIDATE_MODULE, path)
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[CANDIDATE_MODULE] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from filters import reasons, sandbox
 from opsynth.config import FiltersConfig
@@ -37,12 +37,22 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
 
+
+class Job(Protocol):
+    """What a worker evaluates: a Task, or any object with an id and code (and files)."""
+
+    id: str
+    code: str
+
+
 # Consecutive worker start failures after which the pool gives up instead of retrying forever.
 MAX_START_FAILURES = 3
 # Largest protocol line accepted from a worker (a verdict row is a few KB).
 MAX_LINE_BYTES = 16 << 20
 # Seconds a retired worker gets to exit on its own before it is killed.
 RETIRE_S = 10.0
+# The sizing probe: build and run the model, then time it; nothing else.
+MEASURE_STAGES = ("eager", "runtime")
 # Host-wide (per user) dir of per-GPU timing locks, shared by every pool on the host.
 LOCK_DIR = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")
 
@@ -102,7 +112,7 @@ def check_settings(
     cfg: FiltersConfig, device: str, *, threads: int, lock_dir: str
 ) -> dict[str, Any]:
     """The JSON settings a worker and its checks get for every candidate."""
-    window = cfg.window_ms_cuda if device == "cuda" else cfg.window_ms_cpu
+    window = cfg.window_ms(device)
     return {
         "device": device,
         "task_timeout_s": cfg.task_timeout_s,
@@ -139,9 +149,10 @@ class _Worker:
     info: dict[str, Any] = field(default_factory=dict)
     buffer: bytearray = field(default_factory=bytearray)
     served: int = 0
-    task: Task | None = None
+    task: Job | None = None
     deadline: float = 0.0
     stage: str = reasons.STAGES[0]
+    stages: tuple[str, ...] = reasons.STAGES
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     child_pid: int | None = None
 
@@ -305,12 +316,35 @@ class WorkerPool:
         Tasks with the same id are evaluated once. ``progress(done, total)`` is called after
         each finished task. Calls from several threads are serialised."""
         with self._lock:
-            return self._evaluate(tasks, progress)
+            return self._evaluate(tasks, progress, self._settings)
+
+    def measure(self, tasks: Iterable[Task]) -> dict[str, list[Verdict]]:
+        """Run only eager and the timed runs (no window, no compile): the sizing probe. The
+        ``runtime`` row's ``eager_ms_median``/``scaled_ms`` are the measurement; these rows
+        are not filter verdicts."""
+        settings = {**self._settings, "stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
+        with self._lock:
+            return self._evaluate(tasks, None, settings)
+
+    def run_harness(
+        self,
+        jobs: Iterable[Job],
+        harness: str,
+        overrides: dict[str, Any],
+        progress: Progress | None = None,
+    ) -> dict[str, list[Verdict]]:
+        """Run another sandboxed harness (``reasons.HARNESSES``) over jobs: anything with an
+        ``id``, the ``code`` written to candidate.py and ``files`` (relative path -> text)
+        written beside it. ``overrides`` replace this pool's check settings for these jobs."""
+        settings = {**self._settings, **overrides, "harness": harness}
+        reasons.stages_of(settings)  # an unknown harness fails here, not in every worker
+        with self._lock:
+            return self._evaluate(jobs, progress, settings)
 
     def _evaluate(
-        self, tasks: Iterable[Task], progress: Progress | None
+        self, tasks: Iterable[Job], progress: Progress | None, settings: dict[str, Any]
     ) -> dict[str, list[Verdict]]:
-        unique: dict[str, Task] = {}
+        unique: dict[str, Job] = {}
         for task in tasks:
             unique.setdefault(task.id, task)
         if not unique:
@@ -322,7 +356,7 @@ class WorkerPool:
         while len(results) < len(unique):
             for worker in self._workers:
                 if worker is not None and worker.state == "idle" and queue:
-                    if not self._dispatch(worker, queue[0]):
+                    if not self._dispatch(worker, queue[0], settings):
                         continue
                     queue.popleft()
             self._pump(0.5)
@@ -427,14 +461,22 @@ class WorkerPool:
                 self.stats["workers_replaced"] += 1
         self._reap_retiring()
 
-    def _dispatch(self, worker: _Worker, task: Task) -> bool:
+    def _dispatch(self, worker: _Worker, task: Job, settings: dict[str, Any]) -> bool:
         worker.state = "busy"
         worker.task = task
-        worker.stage = reasons.STAGES[0]
+        worker.stages = reasons.stages_of(settings)
+        worker.stage = worker.stages[0]
         worker.verdicts = []
         worker.child_pid = None
-        worker.deadline = time.monotonic() + self.cfg.task_timeout_s + self.cfg.grace_s
-        message = {"op": "eval", "task_id": task.id, "code": task.code, "settings": self._settings}
+        timeout = float(settings.get("task_timeout_s", self.cfg.task_timeout_s))
+        worker.deadline = time.monotonic() + timeout + self.cfg.grace_s
+        message = {
+            "op": "eval",
+            "task_id": task.id,
+            "code": task.code,
+            "files": getattr(task, "files", None) or {},
+            "settings": settings,
+        }
         if self._send(worker, message):
             return True
         worker.task = None  # never reached the worker: not the candidate's fault, retry elsewhere
@@ -549,8 +591,8 @@ class WorkerPool:
             rows = list(worker.verdicts)
             if not rows or rows[-1].get("passed"):
                 stage = worker.stage
-                if rows and rows[-1].get("stage") == stage and len(rows) < len(reasons.STAGES):
-                    stage = reasons.STAGES[len(rows)]
+                if rows and rows[-1].get("stage") == stage and len(rows) < len(worker.stages):
+                    stage = worker.stages[len(rows)]
                 rows.append({"stage": stage, "passed": False, "reason": reason, "detail": detail})
             self._finish(worker, rows)
         self._replace(worker)

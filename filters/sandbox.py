@@ -35,7 +35,10 @@ SANDBOX_LOCKS = f"{MOUNT_ROOT}/locks"
 SANDBOX_TMP = "/tmp"
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
-COMPILERS = ("gcc", "g++", "cc", "c++", "clang", "clang++")
+COMPILERS = ("gcc", "g++", "cc", "c++", "clang", "clang++", "nvcc", "ninja")
+# Packages the worker imports (torch + standard library only): the filters' checks and the
+# solution evaluator's harness. Nothing else of the project is visible in the sandbox.
+SANDBOX_PACKAGES = ("filters", "evaluator")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # /etc files the dynamic loader and the C/C++ toolchain need; nothing with users or secrets.
 ETC_FILES = (
@@ -97,7 +100,11 @@ def worker_env(
     cache_dir, _ = visible_paths(paths, kind)
     env = {name: os.environ[name] for name in PASSTHROUGH_ENV if name in os.environ}
     env.update(
-        PATH=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        # The interpreter's own bin dir first: torch extensions build with the ninja that pip
+        # installed next to it.
+        PATH=os.pathsep.join(
+            [os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/local/bin:/usr/bin")]
+        ),
         HOME=tmp,
         TMPDIR=tmp,
         USER="opsynth",
@@ -179,7 +186,8 @@ def bwrap_prefix(*, paths: Paths, device: str, tmp_bytes: int) -> list[str]:
     if device == "cuda":
         args += _gpu_args()
     args += ["--bind", paths.cache_dir, SANDBOX_CACHE, "--bind", paths.lock_dir, SANDBOX_LOCKS]
-    args += ["--ro-bind", os.path.join(PACKAGE_ROOT, "filters"), f"{MOUNT_ROOT}/filters"]
+    for package in SANDBOX_PACKAGES:
+        args += ["--ro-bind", os.path.join(PACKAGE_ROOT, package), f"{MOUNT_ROOT}/{package}"]
     args += ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
     return args
 

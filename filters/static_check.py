@@ -122,56 +122,77 @@ def _is_transformers(data_source: str) -> bool:
     return data_source.startswith(TRANSFORMERS_MODULE)
 
 
-def check_source(code: str, *, allow_transformers: bool = False) -> Decision:
-    """Judge one source text; see the module docstring for what is rejected and why."""
+def check_source(
+    code: str,
+    *,
+    allow_transformers: bool = False,
+    required: tuple[str, ...] = REQUIRED_SYMBOLS,
+    extra_modules: frozenset[str] = frozenset(),
+    permitted: frozenset[str] = frozenset(),
+) -> Decision:
+    """Judge one source text; see the module docstring for what is rejected and why.
+
+    The solution evaluator reuses this for ``model_new.py``: it requires ``ModelNew``, may
+    import the extension it built (``extra_modules``) and may use the dotted names in
+    ``permitted`` (``torch.utils.cpp_extension.load_inline``) despite the forbidden lists."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError) as exc:
         return drop("syntax_error", f"{type(exc).__name__}: {exc}")
 
-    missing = [name for name in REQUIRED_SYMBOLS if name not in _module_bindings(tree)]
+    missing = [name for name in required if name not in _module_bindings(tree)]
     if missing:
         return drop("missing_symbol", f"not defined at module level: {', '.join(missing)}")
 
-    allowed = ALLOWED_MODULES | ({TRANSFORMERS_MODULE} if allow_transformers else frozenset())
-    aliases: dict[str, str] = {}
+    allowed = ALLOWED_MODULES | extra_modules
+    allowed |= {TRANSFORMERS_MODULE} if allow_transformers else frozenset()
+    aliases = import_aliases(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
-            problem = _import_problem(node, allowed, aliases)
+            problem = _import_problem(node, allowed, permitted)
             if problem is not None:
                 return problem
 
     bound = _all_bindings(tree)
     for node in ast.walk(tree):
-        problem = _node_problem(node, aliases, bound)
+        problem = _node_problem(node, aliases, bound, permitted)
         if problem is not None:
             return problem
     return KEEP
 
 
+def import_aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> the dotted name it was imported as (``F`` -> ``torch.nn.functional``,
+    ``import torch.nn`` binds ``torch``), over every import in the module."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                root = alias.name.split(".")[0]
+                aliases[alias.asname or root] = alias.name if alias.asname else root
+    return aliases
+
+
 def _import_problem(
-    node: ast.Import | ast.ImportFrom, allowed: frozenset[str], aliases: dict[str, str]
+    node: ast.Import | ast.ImportFrom, allowed: frozenset[str], permitted: frozenset[str]
 ) -> Decision | None:
     if isinstance(node, ast.ImportFrom):
         if node.level:
             return drop("forbidden_import", f"line {node.lineno}: relative import")
         module = node.module or ""
         full_names = [f"{module}.{alias.name}" for alias in node.names]
-        for alias, full in zip(node.names, full_names, strict=True):
-            aliases[alias.asname or alias.name] = full
     else:
         module = ""
         full_names = [alias.name for alias in node.names]
-        for alias in node.names:
-            if alias.asname:
-                aliases[alias.asname] = alias.name
-            else:
-                root = alias.name.split(".")[0]
-                aliases[root] = root
     for full in full_names or [module]:
         root = full.split(".")[0]
         if root not in allowed:
             return drop("forbidden_import", f"line {node.lineno}: import of {root!r}")
+        if _under(full, permitted):
+            continue
         if _under(full, FORBIDDEN_TORCH_MODULES) or (
             module and _under(module, FORBIDDEN_TORCH_MODULES)
         ):
@@ -181,7 +202,9 @@ def _import_problem(
     return None
 
 
-def _node_problem(node: ast.AST, aliases: dict[str, str], bound: set[str]) -> Decision | None:
+def _node_problem(
+    node: ast.AST, aliases: dict[str, str], bound: set[str], permitted: frozenset[str]
+) -> Decision | None:
     line = getattr(node, "lineno", "?")
     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
         if node.id in FORBIDDEN_NAMES:
@@ -191,8 +214,8 @@ def _node_problem(node: ast.AST, aliases: dict[str, str], bound: set[str]) -> De
     elif isinstance(node, ast.Attribute):
         if node.attr in FORBIDDEN_ATTRIBUTES:
             return drop("forbidden_call", f"line {line}: attribute {node.attr}")
-        dotted = _dotted(node, aliases)
-        if dotted and _forbidden_dotted(dotted):
+        dotted = dotted_name(node, aliases)
+        if dotted and _forbidden_dotted(dotted) and not _under(dotted, permitted):
             return drop("forbidden_call", f"line {line}: use of {dotted}")
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         name = node.func.id
@@ -217,7 +240,7 @@ def _attribute_builtin_problem(
     attr = target.value
     if attr.startswith("__") and attr.endswith("__") or attr in FORBIDDEN_ATTRIBUTES:
         return drop("forbidden_call", f"line {line}: {func}(..., {attr!r})")
-    base = _dotted(node.args[0], aliases)
+    base = dotted_name(node.args[0], aliases)
     if base and _forbidden_dotted(f"{base}.{attr}"):
         return drop("forbidden_call", f"line {line}: {func}({base}, {attr!r})")
     return None
@@ -231,7 +254,7 @@ def _under(name: str, prefixes: frozenset[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def _dotted(node: ast.AST, aliases: dict[str, str]) -> str:
+def dotted_name(node: ast.AST, aliases: dict[str, str]) -> str:
     """``a.b.c`` with the root resolved through import aliases; "" if not a plain chain."""
     parts: list[str] = []
     while isinstance(node, ast.Attribute):

@@ -155,13 +155,12 @@ class Worker:
         settings = message["settings"]
         code = message["code"]
         verdicts: list[dict[str, Any]] = []
-        current = {"stage": reasons.STAGES[0]}
+        stages = reasons.stages_of(settings)
+        current = {"stage": stages[0]}
 
         def on_event(event: dict[str, Any]) -> None:
             kind = event.get("event")
-            expected = (
-                reasons.STAGES[len(verdicts)] if len(verdicts) < len(reasons.STAGES) else None
-            )
+            expected = stages[len(verdicts)] if len(verdicts) < len(stages) else None
             if kind == "stage" and event.get("stage") == expected:
                 current["stage"] = expected
                 self.send({"event": "stage", "task_id": task_id, "stage": expected})
@@ -174,17 +173,21 @@ class Worker:
                 self.send({"event": "started", "task_id": task_id, "pid": event["pid"]})
 
         def target(emit: Emit) -> None:
-            self.checks.run_candidate(os.path.join(os.getcwd(), CODE_FILE), settings, emit)
+            if settings.get("harness") == "evaluator":
+                from evaluator.harness import run_solution
 
-        _, failure, clean = self.run_child(target, settings, on_event, code=code)
-        complete = len(verdicts) == len(reasons.STAGES) or bool(
-            verdicts and not verdicts[-1]["passed"]
-        )
+                run_solution(os.getcwd(), settings, emit)
+            else:
+                self.checks.run_candidate(os.path.join(os.getcwd(), CODE_FILE), settings, emit)
+
+        files = message.get("files") or {}
+        _, failure, clean = self.run_child(target, settings, on_event, code=code, files=files)
+        complete = len(verdicts) == len(stages) or bool(verdicts and not verdicts[-1]["passed"])
         if not complete:
             # The stage that was running; if it had already reported a pass, the next one.
             stage = current["stage"]
             if verdicts and verdicts[-1]["stage"] == stage:
-                stage = reasons.STAGES[len(verdicts)]
+                stage = stages[len(verdicts)]
             reason, detail = failure or ("exited", "the candidate process ended without reporting")
             verdicts.append(
                 {
@@ -220,6 +223,7 @@ class Worker:
         settings: dict[str, Any],
         on_event: Callable[[dict[str, Any]], None] | None = None,
         code: str | None = None,
+        files: dict[str, str] | None = None,
     ) -> tuple[dict[str, Any], tuple[str, str] | None, bool]:
         """Fork a child that runs ``target(emit)``; supervise it until it reports ``done``,
         dies, or crosses a limit; then kill everything it started. Returns the merged payload
@@ -232,6 +236,11 @@ class Worker:
         if code is not None:
             with open(os.path.join(workdir, CODE_FILE), "w") as fh:
                 fh.write(code)
+        for relative, text in (files or {}).items():
+            path = _inside(workdir, relative)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as fh:
+                fh.write(text)
         log_path = os.path.join(workdir, LOG_FILE)
         read_fd, write_fd = os.pipe()
         pid = os.fork()
@@ -464,6 +473,14 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def _inside(root: str, relative: str) -> str:
+    """``root/relative``, refusing paths that would land outside ``root``."""
+    path = os.path.normpath(os.path.join(root, relative))
+    if os.path.isabs(relative) or not path.startswith(root.rstrip("/") + "/"):
+        raise ValueError(f"file path {relative!r} leaves the candidate's directory")
+    return path
 
 
 def _drain(fd: int) -> bytes:

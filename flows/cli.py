@@ -90,6 +90,8 @@ def run(
         f"accepted {counts['accepted']} / target {cfg.target} from {counts['candidates']} "
         f"candidates -> {out / 'accepted.parquet'}"
     )
+    if manifest.get("publish", {}).get("error"):
+        console.print(f"[yellow]warning:[/] not published: {manifest['publish']['error']}")
     if manifest["status"] != "complete":
         console.print(
             f"[yellow]warning:[/] only {counts['accepted']} of {cfg.target} accepted after "
@@ -270,6 +272,24 @@ def status(out: Annotated[Path, typer.Argument(help="a run directory")]) -> None
     counts = manifest.get("counts")
     if counts:
         Console().print(", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+from flows.cli_compose import compose  # noqa: E402  (registered here, defined on its own)
+
+app.command(name="compose")(compose)
+
+from flows.cli_seeds import seeds_app  # noqa: E402  (registered here, defined on its own)
+
+app.add_typer(seeds_app, name="seeds")
+
+from flows.cli_publish import publish, report  # noqa: E402  (registered here, defined on its own)
+
+app.command(name="publish")(publish)
+app.command(name="report")(report)
+
+from flows.cli_eval import evaluate  # noqa: E402  (registered here, defined on its own)
+
+app.command(name="eval")(evaluate)
 
 
 def main() -> None:

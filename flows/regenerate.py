@@ -1,5 +1,6 @@
 """The ``regenerate`` Prefect flow: seeds -> compose -> static -> decontam -> execution
-filters -> dedup -> export, in rounds until the target is met.
+filters -> dedup -> export, in rounds until the target is met, then publish when
+``publish.repo_id`` is set.
 
 Prefect tasks are coarse (a stage, or a shard of candidates), never one per candidate; see
 ``flows.stages``. Import this module only after ``flows.prefect_env.configure_prefect``.
@@ -17,18 +18,22 @@ from flows.stages import (
     LazyPool,
     Progress,
     WorkLedger,
+    adopt_sized,
     compose_stage,
     export,
     group_by_task,
     noop_progress,
     passed_all,
+    publish_stage,
     screen,
     seeds_stage,
+    size_stage,
     versions,
 )
 from opsynth.config import RunConfig
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.store import RunDir
+from synth.composers import summary as compose_summary
 
 
 @flow(name="regenerate", log_prints=False)
@@ -71,13 +76,18 @@ def regenerate(
             need = cfg.target - len(accepted)
             if need <= 0:
                 break
-            drawn = compose_stage(
-                run, cfg, seeds, round_index, math.ceil(need * cfg.compose.oversample), ledger
-            )
-            fresh = [t for t in drawn if t.id not in seen]
-            seen.update(t.id for t in fresh)
-            candidates += fresh
-            verdicts += screen(run, cfg, fresh, device, pool, ledger, progress)
+            wanted = math.ceil(need * cfg.compose.oversample)
+            produced = [t.ops for t in candidates]
+            drawn = compose_stage(run, cfg, seeds, round_index, wanted, ledger, produced)
+            fresh = {t.id for t in drawn.tasks} - seen
+            seen |= fresh
+            candidates += [t for t in drawn.tasks if t.id in fresh]
+            verdicts += [v for v in drawn.verdicts if v.task_id in fresh]
+            composed = [t for t in drawn.kept() if t.id in fresh]
+            if cfg.sizing.enabled and composed:
+                sized = size_stage(run, cfg, composed, device, pool, ledger, progress)
+                composed, candidates, verdicts = adopt_sized(composed, sized, candidates, verdicts)
+            verdicts += screen(run, cfg, composed, device, pool, ledger, progress)
             by_task = group_by_task(verdicts)
             passed = [t for t in candidates if passed_all(t.id, by_task)]
             deduped = dedup(passed, cfg.dedup)
@@ -93,7 +103,11 @@ def regenerate(
         {
             "work": {"reused": ledger.reused, "computed": ledger.computed},
             "filters_runtime": pool_stats,
+            "compose": compose_summary(verdicts),
         }
     )
     run.write_manifest(manifest)
+    if cfg.publish.repo_id and manifest["status"] == "complete":
+        manifest["publish"] = publish_stage(run, cfg)
+        run.write_manifest(manifest)
     return manifest

@@ -7,8 +7,10 @@ dataset. Import this module only after ``flows.prefect_env.configure_prefect``.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -50,8 +52,12 @@ class WorkLedger:
 @task(name="seeds", cache_policy=NO_CACHE)
 def seeds_stage(run: RunDir, cfg: RunConfig, ledger: WorkLedger) -> list[Task]:
     from synth import __version__ as synth_version
+    from synth.catalog.report import ensure_catalogue
     from synth.seeds import get_library, seed_tasks
 
+    catalogue_reused = ensure_catalogue(run.root, cfg.seeds)  # <run>/catalogue/: every seed
+    if catalogue_reused is not None:
+        ledger.note("catalogue", catalogue_reused)
     path = run.work_path("seeds", digest(cfg.seeds.model_dump(mode="json"), synth_version))
     if path.exists():
         ledger.note("seeds", True)
@@ -65,19 +71,42 @@ def seeds_stage(run: RunDir, cfg: RunConfig, ledger: WorkLedger) -> list[Task]:
 
 @task(name="compose", cache_policy=NO_CACHE)
 def compose_stage(
-    run: RunDir, cfg: RunConfig, seeds: list[Task], round_index: int, n: int, ledger: WorkLedger
-) -> list[Task]:
-    from synth.compose import compose
+    run: RunDir,
+    cfg: RunConfig,
+    seeds: list[Task],
+    round_index: int,
+    n: int,
+    ledger: WorkLedger,
+    produced: list[list[str]] | None = None,
+):
+    """Candidates and their compose verdicts from ``cfg.compose.composer``, avoiding the op
+    sequences ``produced`` in earlier rounds. A result with unanswered requests is not stored,
+    so a re-run asks again; the LLM reply cache (``compose.llm.cache_dir`` or
+    ``<run>/llm-cache``) makes the answered ones free."""
+    from synth.composers import ComposeResult, run_composer
 
-    key = digest(cfg.compose.model_dump(mode="json"), [s.id for s in seeds], round_index, n)
+    produced = sorted(list(ops) for ops in produced or [])
+    parts = (cfg.compose.model_dump(mode="json"), [s.id for s in seeds], round_index, n, produced)
+    key = digest(*parts)
     path = run.work_path(f"compose-r{round_index}", key)
-    if path.exists():
+    verdicts_path = run.work_path(f"compose-verdicts-r{round_index}", key)
+    if path.exists() and verdicts_path.exists():
         ledger.note("compose", True)
-        return read_tasks(path)
-    tasks = compose(seeds, cfg.compose, n=n, round_index=round_index, config_hash=cfg.config_hash())
-    write_tasks(tasks, path)
+        return ComposeResult(read_tasks(path), read_verdicts(verdicts_path))
+    result = run_composer(
+        seeds,
+        cfg.compose,
+        n,
+        round_index=round_index,
+        config_hash=cfg.config_hash(),
+        produced=produced,
+        cache_dir=Path(cfg.compose.llm.cache_dir or run.path("llm-cache")),
+    )
+    if result.complete:
+        write_verdicts(result.verdicts, verdicts_path)
+        write_tasks(result.tasks, path)
     ledger.note("compose", False)
-    return tasks
+    return result
 
 
 @task(name="prefilter", cache_policy=NO_CACHE)
@@ -144,6 +173,73 @@ def filter_shard_stage(
     write_verdicts(verdicts, path)
     ledger.note("filter-shard", False)
     return verdicts
+
+
+@task(name="size", cache_policy=NO_CACHE)
+def size_stage(
+    run: RunDir,
+    cfg: RunConfig,
+    tasks: list[Task],
+    device: str,
+    pool: LazyPool,
+    ledger: WorkLedger,
+    progress: Progress,
+) -> list[Task]:
+    """Each task rescaled toward the runtime window's log-middle by measuring it in the
+    sandboxed workers (``synth.sizing``); same order, one task per input task."""
+    from synth.sizing import size_tasks
+
+    parts = (cfg.sizing, cfg.filters)
+    key = digest(*[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks])
+    path = run.work_path("size", key)
+    if path.exists():
+        ledger.note("size", True)
+        return read_tasks(path)
+    done = 0
+
+    def measure(batch: list[Task]) -> dict[str, Any]:
+        nonlocal done
+        rows = pool.get().measure(batch)
+        done += len(batch)
+        progress("size", done, done)
+        return {task_id: probe_of(found) for task_id, found in rows.items()}
+
+    window = cfg.filters.window_ms(device)
+    sized = size_tasks(tasks, measure, window, cfg.sizing)
+    write_tasks(sized, path)
+    ledger.note("size", False)
+    return sized
+
+
+def adopt_sized(
+    originals: list[Task], sized: list[Task], candidates: list[Task], verdicts: list[Verdict]
+) -> tuple[list[Task], list[Task], list[Verdict]]:
+    """Put each sized task in its original's place among the candidates and move the
+    original's verdicts (compose) to it, so every candidate row keeps its whole history. A
+    sized task whose code another candidate already has stays unsized."""
+    taken = {t.id for t in candidates}
+    renamed: dict[str, Task] = {}
+    for original, new in zip(originals, sized, strict=True):
+        if new.id == original.id or new.id not in taken:
+            renamed[original.id] = new
+            taken.add(new.id)
+        else:
+            renamed[original.id] = original
+    moved = [
+        dataclasses.replace(v, task_id=renamed[v.task_id].id) if v.task_id in renamed else v
+        for v in verdicts
+    ]
+    return [renamed[t.id] for t in originals], [renamed.get(t.id, t) for t in candidates], moved
+
+
+def probe_of(rows: list[Verdict]):
+    """A sizing measurement from the probe's rows: the runtime row's scaled ms, else why not."""
+    from synth.sizing import Probe
+
+    last = rows[-1] if rows else None
+    if last is not None and last.stage == "runtime" and last.passed:
+        return Probe(float(last.measures["scaled_ms"]), device=last.device)
+    return Probe(None, device=last.device if last else "", reason=last.reason if last else "")
 
 
 def passed_all(task_id: str, verdicts_by_task: dict[str, list[Verdict]]) -> bool:
@@ -230,6 +326,21 @@ def export(
         },
         "funnel": funnel_rows(all_verdicts),
     }
+
+
+@task(name="publish", cache_policy=NO_CACHE)
+def publish_stage(run: RunDir, cfg: RunConfig) -> dict[str, Any]:
+    """Push the finished run to ``cfg.publish.repo_id`` as ``cfg.publish.version``
+    (``opsynth.publish``). A failure is recorded in run.json, not raised: the dataset on disk
+    is complete, and ``opsynth publish RUN`` retries the push from the kept export."""
+    from opsynth.publish import PublishError, publish_run
+
+    wanted = {"repo_id": cfg.publish.repo_id, "version": cfg.publish.version}
+    try:
+        pushed = publish_run(run.root).pushed
+    except PublishError as exc:
+        return {**wanted, "error": str(exc)}
+    return {**wanted, "tag": pushed.tag, "commit": pushed.commit, "changed": pushed.changed}
 
 
 def versions() -> dict[str, str]:

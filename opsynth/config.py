@@ -25,6 +25,52 @@ OPS6K_MIX: dict[str, float] = {
 }
 
 
+# Model families the transformers seeds come from: every family of the released set's 50
+# transformers classes, plus common language and vision families.
+TRANSFORMERS_FAMILIES: list[str] = [
+    "audio_spectrogram_transformer",
+    "bert",
+    "blip",
+    "bridgetower",
+    "bros",
+    "conditional_detr",
+    "convnext",
+    "data2vec",
+    "depth_anything",
+    "dpt",
+    "encodec",
+    "ernie",
+    "flava",
+    "fnet",
+    "glpn",
+    "gpt2",
+    "hiera",
+    "levit",
+    "llama",
+    "mask2former",
+    "maskformer",
+    "megatron_bert",
+    "mistral",
+    "mobilebert",
+    "mpnet",
+    "nystromformer",
+    "oneformer",
+    "poolformer",
+    "resnet",
+    "seggpt",
+    "speecht5",
+    "swin",
+    "swin2sr",
+    "t5",
+    "vit",
+    "vitdet",
+    "vitmatte",
+    "wav2vec2",
+    "xlm",
+    "zoedepth",
+]
+
+
 class ConfigError(ValueError):
     """A config problem, reported to the user as one line."""
 
@@ -34,14 +80,90 @@ class _Section(BaseModel):
 
 
 class SeedsConfig(_Section):
-    libraries: list[str] = Field(default=["torch"], description="seed libraries to extract")
+    libraries: list[str] = Field(
+        default=["torch"], description="composable seed libraries the composer draws from"
+    )
+    catalogue: list[str] = Field(
+        default=["torch", "transformers", "einops"],
+        description="seed libraries whose operators are discovered, run and written as the "
+        "seed catalogue (the seeds stage, `opsynth seeds extract`)",
+    )
+    plugins: dict[str, str] = Field(
+        default={},
+        description='more seed libraries, name = "module:attr" of an adapter (a class or '
+        "factory whose specs() yields synth.catalog.spec.CatalogSpec)",
+    )
+    library_timeout_s: float = Field(
+        default=240.0,
+        gt=0,
+        description="wall clock per library's extraction subprocess; a library still running "
+        "then is killed, keeping the seeds it finished (full torch extraction takes ~1 min)",
+    )
+    seed_timeout_s: float = Field(
+        default=20.0, gt=0, description="wall clock to validate one seed (meta + CPU runs)"
+    )
+    workers: int = Field(default=0, ge=0, description="libraries extracted at once; 0 = host cores")
+    transformers_families: list[str] = Field(
+        default=TRANSFORMERS_FAMILIES,
+        description="transformers model families walked for layer classes (the released "
+        "set's families and a few common ones); empty = every family, much slower",
+    )
+    transformers_max_per_family: int = Field(
+        default=12, ge=1, description="layer classes tried per transformers family"
+    )
+
+
+class LlmConfig(_Section):
+    """Where and how the LLM composer asks; the API key itself is never stored here."""
+
+    base_url: str = Field(
+        default="",
+        pattern=r"^(https?://[^\s]+)?$",
+        description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (vLLM, SGLang, "
+        "llama.cpp); empty = $OPENAI_BASE_URL, else OpenAI's API",
+    )
+    model: str = Field(default="", description="model name the server knows; required for llm")
+    api_key_env: str = Field(
+        default="OPENAI_API_KEY",
+        description="environment variable holding the API key (local servers accept any)",
+    )
+    temperature: float = Field(default=0.7, ge=0, le=2, description="sampling temperature")
+    max_tokens: int = Field(
+        default=2048, ge=16, description="completion cap; a 5-op task is ~600 tokens of code"
+    )
+    concurrency: int = Field(default=4, ge=1, description="requests in flight at once")
+    max_retries: int = Field(
+        default=4, ge=0, description="retries of a request after 429, 5xx, a timeout or no answer"
+    )
+    backoff_s: float = Field(
+        default=1.0, ge=0, description="first retry delay, doubled per retry (Retry-After wins)"
+    )
+    backoff_max_s: float = Field(default=30.0, ge=0, description="longest retry delay")
+    timeout_s: float = Field(default=300.0, gt=0, description="wall clock per request")
+    cache_dir: str = Field(
+        default="",
+        description="on-disk reply cache keyed by (prompt, model, params), so a resumed run "
+        "pays nothing twice; empty = <run>/llm-cache",
+    )
 
 
 class ComposeConfig(_Section):
     seed: int = Field(default=0, description="RNG seed: same seed, same candidates")
+    composer: Literal["offline", "llm"] = Field(
+        default="offline",
+        description="offline = the shape-solving composer (no network); llm = an "
+        "OpenAI-compatible server writes each task (see [compose.llm])",
+    )
     mix: dict[str, float] = Field(
-        default={"torch#1": 0.3, "torch#2": 0.4, "torch#3": 0.3},
-        description="data_source -> probability; the skeleton composes 1-3 ops",
+        default=OPS6K_MIX,
+        description="data_source -> share of candidates (torch#k = k chained seed ops; "
+        "transformers = a transformers seed as is); CUDA Agent's Table 3, re-normalised over "
+        "the sources the seed set can supply",
+    )
+    op_weights: dict[str, float] = Field(
+        default={},
+        description="seed op name -> relative draw weight (unlisted ops weigh 1.0); raise a "
+        "rare op's weight to give it more coverage, 0 never draws it",
     )
     oversample: float = Field(
         default=1.3,
@@ -129,6 +251,7 @@ class ComposeConfig(_Section):
         description="largest estimated activation rms allowed along a chain; stacked sums grow "
         "fast and huge magnitudes make eager-vs-kernel comparisons brittle",
     )
+    llm: LlmConfig = LlmConfig()
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> ComposeConfig:
@@ -138,6 +261,11 @@ class ComposeConfig(_Section):
                 raise ValueError(f"{name} must be [lo, hi] with 0 < lo <= hi, got [{lo}, {hi}]")
         if not self.forward_window_ms[0] <= self.target_forward_ms <= self.forward_window_ms[1]:
             raise ValueError("target_forward_ms must lie inside forward_window_ms")
+        for name, weight in {**self.mix, **self.op_weights}.items():
+            if weight < 0:
+                raise ValueError(f"weight of {name!r} is negative ({weight})")
+        if self.composer == "llm" and not self.llm.model:
+            raise ValueError("composer 'llm' needs compose.llm.model (the server's model name)")
         return self
 
 
@@ -244,6 +372,10 @@ class FiltersConfig(_Section):
         "more workers mostly add compile parallelism",
     )
 
+    def window_ms(self, device: str) -> tuple[float, float]:
+        """The runtime window that applies on ``device`` ("cuda" or "cpu")."""
+        return self.window_ms_cuda if device == "cuda" else self.window_ms_cpu
+
     @model_validator(mode="after")
     def _windows_ordered(self) -> FiltersConfig:
         for name in ("window_ms_cuda", "window_ms_cpu"):
@@ -251,6 +383,73 @@ class FiltersConfig(_Section):
             if not 0 <= lo < hi:
                 raise ValueError(f"{name} must be [lo, hi] with 0 <= lo < hi, got [{lo}, {hi}]")
         return self
+
+
+class SizingConfig(_Section):
+    """Measure-and-rescale of each candidate's batch before the filters (``synth.sizing``)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="probe each candidate's eager runtime in the sandbox and rescale its batch "
+        "toward the runtime window's log-middle before filtering",
+    )
+    constant_names: list[str] = Field(
+        default=["batch_size"],
+        min_length=1,
+        description="module-level constants that size a task (first found wins); its value must "
+        "hold exactly one integer literal, which is rewritten",
+    )
+    band: float = Field(
+        default=3.0,
+        gt=1,
+        description="a task within this factor of the log-middle is left as it is (3 -> "
+        "3.3-30 ms for a 1-100 ms window): close enough that device noise cannot push it out",
+    )
+    max_steps: int = Field(default=3, ge=1, description="rescale-and-measure rounds per task")
+    max_step_scale: float = Field(
+        default=64.0,
+        gt=1,
+        description="largest factor one step may change the batch by; small sizes are "
+        "launch-bound, so one measurement can overstate how far to go",
+    )
+    max_value: int = Field(default=1 << 16, ge=1, description="the batch never grows beyond this")
+
+
+class EvalConfig(_Section):
+    """The bundled evaluator (``evaluator/``): CUDA Agent's correctness, timing and reward."""
+
+    atol: float = Field(default=1e-2, gt=0, description="output tolerance (CUDA Agent's)")
+    rtol: float = Field(default=1e-2, gt=0, description="output tolerance (CUDA Agent's)")
+    trials: int = Field(default=5, ge=1, description="fresh input draws compared for correctness")
+    strict: bool = Field(
+        default=True,
+        description="block torch.nn.functional and Python-level torch compute inside "
+        "ModelNew (CUDA Agent's rule); off only to sanity-check the harness with the reference",
+    )
+    warmup_runs: int = Field(default=5, ge=0)
+    timed_runs: int = Field(default=50, ge=3, description="median over this many timed calls")
+    input_sets: int = Field(
+        default=4,
+        ge=2,
+        description="distinct input sets cycled through timed calls, prepared before timing, "
+        "so a solution that replays its last output is caught",
+    )
+    margin: float = Field(
+        default=0.05, ge=0, description="'faster' means more than this fraction faster"
+    )
+    review_speedup: float = Field(
+        default=10.0, gt=1, description="speedups above this are flagged for review"
+    )
+    time_on_cpu: bool = Field(
+        default=False,
+        description="time on CPU too; off by default, so CPU scoring is the correctness path "
+        "and rewards are -1 or 1",
+    )
+    timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="per solution, building its extension included (nvcc takes minutes)",
+    )
 
 
 class DecontamConfig(_Section):
@@ -296,17 +495,48 @@ class DedupConfig(_Section):
     workers: int = Field(default=0, ge=0, description="processes for large sets; 0 = host cores")
 
 
+class PublishConfig(_Section):
+    """Publishing a finished run as a Hugging Face Hub dataset (``opsynth publish``, and the
+    ``publish`` stage of ``opsynth run`` when ``repo_id`` is set). The token is never stored
+    here: huggingface_hub reads HF_TOKEN or the login saved by ``hf auth login``."""
+
+    repo_id: str = Field(
+        default="",
+        pattern=r"^([A-Za-z0-9][\w.-]*/[\w.-]+)?$",
+        description="dataset repo ORG/NAME; empty = `opsynth run` does not publish",
+    )
+    version: str = Field(
+        default="1.0.0",
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="version X.Y.Z, tagged v<version>; the same content again is a no-op, other "
+        "content needs a new version (old ones stay loadable by revision)",
+    )
+    private: bool = Field(default=False, description="create the repo private (kept if it exists)")
+    license: str = Field(default="mit", description="licence id in the dataset card's metadata")
+    include_rejected: bool = Field(
+        default=True,
+        description="also push the `rejected` (every rejected task and why) and `verdicts` (every "
+        "stage's judgement) configs, which the audit report and notebook read",
+    )
+    pretty_name: str = Field(default="", description="dataset card title; empty = the repo name")
+
+
 class RunConfig(_Section):
     target: int = Field(default=24, ge=1, description="accepted tasks wanted")
     max_rounds: int = Field(default=4, ge=1, description="compose-filter rounds to reach target")
     seeds: SeedsConfig = SeedsConfig()
     compose: ComposeConfig = ComposeConfig()
+    sizing: SizingConfig = SizingConfig()
     filters: FiltersConfig = FiltersConfig()
+    eval: EvalConfig = EvalConfig()
     decontam: DecontamConfig = DecontamConfig()
     dedup: DedupConfig = DedupConfig()
+    publish: PublishConfig = PublishConfig()
 
     def config_hash(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """Hash of what decides the data; ``publish`` only says where it goes, so it is left
+        out and publishing a run never changes its hash."""
+        blob = json.dumps(self.model_dump(mode="json", exclude={"publish"}), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def with_overrides(self, **top_level: object) -> RunConfig:
@@ -350,6 +580,8 @@ def _toml_value(value: object) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict) and not value:
+        return "{}"
     if isinstance(value, dict):
         return "{ " + ", ".join(f'"{k}" = {_toml_value(v)}' for k, v in value.items()) + " }"
     raise TypeError(f"cannot render {value!r} as TOML")
@@ -357,12 +589,16 @@ def _toml_value(value: object) -> str:
 
 def render_default_toml() -> str:
     """The documented default config, generated from the models so the two cannot drift."""
-    lines = [
+    header = [
         "# opsynth default configuration (generated by `python -m opsynth.config`).",
         "# Every key is optional; omitted keys take these values.",
-        "",
     ]
-    default = RunConfig()
+    return render_toml(RunConfig(), header)
+
+
+def render_toml(default: RunConfig, header: list[str]) -> str:
+    """``default`` as a documented TOML file (also how a published run's config is shipped)."""
+    lines = [*header, ""]
 
     def emit(model: BaseModel) -> None:
         for name, info in type(model).model_fields.items():
@@ -373,12 +609,16 @@ def render_default_toml() -> str:
                 lines.append(f"# {info.description}")
             lines.append(f"{name} = {_toml_value(value)}")
 
+    def sections(model: BaseModel, prefix: str) -> None:
+        for name in type(model).model_fields:
+            section = getattr(model, name)
+            if isinstance(section, BaseModel):
+                lines.extend(["", f"[{prefix}{name}]"])
+                emit(section)
+                sections(section, f"{prefix}{name}.")
+
     emit(default)
-    for name in type(default).model_fields:
-        section = getattr(default, name)
-        if isinstance(section, BaseModel):
-            lines += ["", f"[{name}]"]
-            emit(section)
+    sections(default, "")
     return "\n".join(lines) + "\n"
 
 

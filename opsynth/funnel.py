@@ -10,6 +10,7 @@ from opsynth.record import Verdict
 
 # The order candidates meet the stages; cheapest rejections first.
 STAGE_ORDER = [
+    "compose",
     "static",
     "decontam",
     "eager",

@@ -63,6 +63,17 @@ def digest(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def write_bytes_atomic(path: Path, blob: bytes) -> None:
+    """Write ``blob`` to a temporary name and rename it into place: readers see the old file
+    or the new one, never part of one (report and export files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o644)  # documents to share, unlike mkstemp's private default
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(blob)
+    os.replace(tmp, path)
+
+
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -88,7 +99,9 @@ def write_verdicts(verdicts: Iterable[Verdict], path: Path) -> None:
     _atomic_write_table(pa.Table.from_pylist(rows, schema=VERDICT_SCHEMA), path)
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
+def read_table(path: Path) -> pa.Table:
+    """The parquet table at ``path``, refused (one line) if unreadable or written with another
+    record schema; readers that want columns (polars) start here rather than from rows."""
     try:
         table = pq.read_table(path)
     except Exception as exc:
@@ -103,7 +116,11 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
             f"{path} was written with record schema {int(found)}, this opsynth reads "
             f"{SCHEMA_VERSION}; use a new --out directory"
         )
-    return table.to_pylist()
+    return table
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    return read_table(path).to_pylist()
 
 
 def read_tasks(path: Path) -> list[Task]:

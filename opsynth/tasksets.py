@@ -35,3 +35,15 @@ def load_kernelbench(path: Path, levels: Iterable[int] | None = None) -> list[Ta
                 )
             )
     return tasks
+
+
+def load_kernelbench_timings(path: Path, level: int) -> dict[int, float]:
+    """KernelBench's published baseline timings (``baseline_time_torch.json``: level -> file
+    name -> {mean, ...} in ms) keyed by problem id, the number before the first ``_`` of the
+    file name. These are measurements of a known device, so they can calibrate another."""
+    try:
+        table = json.loads(Path(path).read_text())[f"level{level}"]
+        return {int(name.split("_", 1)[0]): float(row["mean"]) for name, row in table.items()}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        problem = f"{path} is not a KernelBench timing file with level {level}: {exc}"
+        raise ValueError(problem) from exc

@@ -125,6 +125,7 @@ def test_reason_codes_are_documented_once() -> None:
         reasons.RUNTIME,
         reasons.COMPILE,
         reasons.INFRA,
+        reasons.EVALUATION,
     ]
     codes = [code for group in groups for code in group]
     assert len(codes) == len(set(codes))

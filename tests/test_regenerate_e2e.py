@@ -23,10 +23,19 @@ TINY = """
 target = 3
 max_rounds = 3
 
+[seeds]
+catalogue = ["einops"]
+
 [compose]
 seed = 11
 mix = { "torch#1" = 0.5, "torch#2" = 0.5 }
 oversample = 1.5
+
+# Sizing probes every candidate and records it, but with this band never rescales: a rescale
+# follows measured times, and the kill-and-resume test compares two independent runs.
+# Rescaling itself is tested in test_synth_sizing.py.
+[sizing]
+band = 1000.0
 
 [filters]
 device = "cpu"
@@ -72,6 +81,8 @@ def reference_run(tmp_path_factory, tiny_config) -> Path:
 def test_run_writes_every_stage_file(reference_run):
     for name in ("seeds", "candidates", "verdicts", "accepted", "rejected"):
         assert (reference_run / f"{name}.parquet").is_file(), name
+    for name in ("seeds.parquet", "verdicts.parquet", "reasons.csv", "summary.json"):
+        assert (reference_run / "catalogue" / name).is_file(), name
     manifest = json.loads((reference_run / "run.json").read_text())
     assert manifest["status"] == "complete"
     assert manifest["counts"]["accepted"] == 3
@@ -86,7 +97,10 @@ def test_run_writes_every_stage_file(reference_run):
     for row in pq.read_table(reference_run / "accepted.parquet").to_pylist():
         assert row["data_source"] == f"torch#{len(json.loads(row['ops']))}"
         assert "class Model" in row["code"] and "def get_inputs" in row["code"]
-        assert json.loads(row["meta"])["filters"]["runtime"]
+        meta = json.loads(row["meta"])
+        assert meta["filters"]["runtime"]
+        # sized on the filtering device before the filters ran (synth.sizing)
+        assert meta["sizing"]["device"].startswith("cpu") and meta["sizing"]["steps"]
 
 
 def test_rerun_recomputes_nothing(reference_run, tiny_config):

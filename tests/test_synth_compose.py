@@ -1,4 +1,9 @@
-"""The offline composer: executable, deterministic, mix-faithful, non-degenerate chains."""
+"""The offline composer: executable, deterministic, mix-faithful, non-degenerate chains.
+
+The 200-task sample is executed only in the sandboxed worker pool (eager, randomness and
+degenerate stages, at batch 2); the few tests that load a task in-process load code the
+composer solved for a fixed, known chain, to check its shapes and timing exactly.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,22 @@ import ast
 import builtins
 import math
 import random
+import re
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 
 import synth
-from opsynth.config import ComposeConfig
-from synth.compose import COMPOSER, compose, draw_sizes, parse_mix
+from filters.pool import WorkerPool
+from opsynth.config import OPS6K_MIX, ComposeConfig, FiltersConfig
+from opsynth.record import Task
+from synth.compose import COMPOSER, compose
 from synth.render import render_task
+from synth.sampling import TRANSFORMERS, Sampler, effective_mix, split_seeds
 from synth.seeds import get_library, seed_tasks
 from synth.shapes import solve_chain
 from synth.spec import Degenerate
@@ -27,10 +36,13 @@ SPECS = {s.name: s for s in get_library("torch").specs()}
 SEEDS = seed_tasks(list(SPECS.values()))
 SEED_NAMES = {t.id: t.ops[0] for t in SEEDS}
 N = 200
-# measured: all 200 of the default sample execute; the floor leaves room for new seeds
+# measured: 200 of 200 of the default (Table 3) sample pass eager in the sandbox; the floor
+# leaves room for new seeds
 EXEC_FLOOR = 0.95
 SMALL_BATCH = 2
 TIMED = 24
+DRAWS = 5000
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
 
 
 def load(code: str, batch: int | None = None) -> tuple[torch.nn.Module, list[torch.Tensor]]:
@@ -43,36 +55,6 @@ def load(code: str, batch: int | None = None) -> tuple[torch.nn.Module, list[tor
     if batch is not None:
         namespace["batch_size"] = batch
     return model, namespace["get_inputs"]()
-
-
-@dataclass
-class Outcome:
-    ok: bool
-    error: str = ""
-    shape_ok: bool = False
-    finite: bool = False
-    input_dependent: bool = False
-    deterministic: bool = False
-
-
-def run_small(task) -> Outcome:
-    """Every check but timing, at batch 2 so 200 tasks run in seconds."""
-    try:
-        model, inputs = load(task.code, batch=SMALL_BATCH)
-        with torch.no_grad():
-            out = model(*inputs)
-            again = model(*inputs)
-            other = model(*[torch.randn_like(x) for x in inputs])
-    except Exception as exc:  # a failing task is counted, not fatal
-        return Outcome(False, f"{type(exc).__name__}: {exc}")
-    expected = [SMALL_BATCH, *task.meta["output_shape"][1:]]
-    return Outcome(
-        ok=True,
-        shape_ok=list(out.shape) == expected,
-        finite=bool(torch.isfinite(out).all()),
-        input_dependent=not torch.allclose(out, other, rtol=1e-3, atol=1e-5),
-        deterministic=torch.equal(out, again),
-    )
 
 
 def forward_ms(task) -> float:
@@ -94,23 +76,56 @@ def sample():
     return compose(SEEDS, CFG, n=N, config_hash="cafe")
 
 
+def at_small_batch(task: Task) -> Task:
+    """The task with ``batch_size`` pinned small; no operator parameter depends on it."""
+    code, count = re.subn(
+        r"^batch_size = .*$", f"batch_size = {SMALL_BATCH}", task.code, flags=re.M
+    )
+    assert count == 1
+    return Task(ops=task.ops, data_source=task.data_source, code=code)
+
+
 @pytest.fixture(scope="module")
-def outcomes(sample):
-    return [run_small(t) for t in sample]
+def sandboxed(sample):
+    """Verdict rows of the sample from the sandboxed pool. The runtime window is empty, so
+    every task stops at the runtime stage and never reaches the slow compile stage."""
+    cfg = FiltersConfig(
+        workers=2,
+        cache_dir=str(CACHE),
+        task_timeout_s=60.0,
+        warmup_runs=0,
+        timed_runs=1,
+        window_ms_cpu=(0.0, 1e-9),
+    )
+    small = [at_small_batch(t) for t in sample]
+    with WorkerPool(cfg, "cpu") as pool:
+        results = pool.evaluate(small)
+    return [results[t.id] for t in small]
 
 
-def test_sample_executes_in_eager_on_cpu(sample, outcomes):
-    ok = [o for o in outcomes if o.ok]
-    failures = [(t.ops, o.error) for t, o in zip(sample, outcomes, strict=True) if not o.ok]
-    assert len(ok) / N >= EXEC_FLOOR, failures[:5]
-    assert all(o.shape_ok for o in ok)
-    assert all(o.finite for o in ok)
-    assert all(o.deterministic for o in ok)
+def passed(rows, stage: str) -> bool:
+    return any(v.stage == stage and v.passed for v in rows)
 
 
-def test_outputs_depend_on_inputs(outcomes):
-    ok = [o for o in outcomes if o.ok]
-    assert sum(o.input_dependent for o in ok) / len(ok) >= 0.99
+def test_sample_executes_in_eager_in_the_sandbox(sample, sandboxed):
+    eager = [passed(rows, "eager") for rows in sandboxed]
+    failures = [
+        (t.ops, rows[-1].detail)
+        for t, rows, ok in zip(sample, sandboxed, eager, strict=True)
+        if not ok
+    ]
+    rate = sum(eager) / N
+    print(f"\neager pass rate in the sandbox: {sum(eager)}/{N} = {rate:.1%}")
+    assert rate >= EXEC_FLOOR, failures[:5]
+
+
+def test_outputs_are_deterministic_and_depend_on_inputs(sandboxed):
+    ran = [rows for rows in sandboxed if passed(rows, "eager")]
+    assert sum(passed(r, "randomness") for r in ran) / len(ran) >= 0.99
+    # measured 195 of 200: the rest are tiny outputs (a softmax over 128+ values) that zeros
+    # pass within the evaluator's absolute atol; the composer's spread rule is relative
+    sound = [r for r in ran if passed(r, "degenerate")]
+    assert len(sound) / len(ran) >= 0.95, [r[-1].reason for r in ran if r not in sound][:5]
 
 
 def test_full_size_forward_times_land_near_the_window(sample):
@@ -140,7 +155,7 @@ def test_rows_match_their_seeds(sample):
         assert {"Model", "get_inputs", "get_init_inputs"} <= defined
         assert task.ops == [SEED_NAMES[i] for i in task.seed_ids]
         assert task.data_source == f"torch#{len(task.ops)}"
-        assert 1 <= len(task.ops) <= 3
+        assert 1 <= len(task.ops) <= 5
         assert task.composer == COMPOSER and task.composer_version == synth.__version__
         assert task.config_hash == "cafe"
         assert ast.get_docstring(tree) and all(op in ast.get_docstring(tree) for op in task.ops)
@@ -173,24 +188,88 @@ def test_same_seed_same_tasks_other_round_other_tasks(sample):
     assert len(first & {t.id for t in other_seed}) <= 2
 
 
-def test_mix_is_followed(sample):
-    rng = random.Random(0)
-    sizes = Counter(draw_sizes(rng, CFG.mix, 20_000))
-    for key, p in CFG.mix.items():
-        assert abs(sizes[int(key.removeprefix("torch#"))] / 20_000 - p) < 0.015
-    counts = Counter(t.data_source for t in sample)
-    for key, p in CFG.mix.items():
-        assert abs(counts[key] - N * p) <= 4 * math.sqrt(N * p * (1 - p)), counts
+def transformers_seed(name: str) -> Task:
+    return Task(
+        ops=[name],
+        data_source=TRANSFORMERS,
+        code=f"# {name}\n",
+        meta={"seed": {"library": TRANSFORMERS, "name": name}},
+    )
+
+
+def sampler(seeds: list[Task], cfg: ComposeConfig = CFG, seed: int = 0, **kwargs) -> Sampler:
+    chainable, standalone = split_seeds(seeds)
+    return Sampler(chainable, standalone, cfg, random.Random(seed), **kwargs)
+
+
+def assert_mix(drawn: list[str], expected: dict[str, float]) -> None:
+    counts = Counter(drawn)
+    shares = {key: counts[key] / len(drawn) for key in expected}
+    print(f"\nmix over {len(drawn)} draws: " + ", ".join(f"{k} {v:.2%}" for k, v in shares.items()))
+    assert set(counts) <= set(expected)
+    for key, p in expected.items():
+        assert abs(shares[key] - p) <= 0.015, (key, shares[key], p)
+
+
+def test_default_mix_is_table_3():
+    assert CFG.mix == OPS6K_MIX
+    with_blocks = [*SEEDS, transformers_seed("LlamaMLP"), transformers_seed("BertSelfAttention")]
+    assert_mix(sampler(with_blocks).sources(DRAWS), OPS6K_MIX)
+
+
+def test_mix_without_transformers_seeds_is_renormalised(caplog):
+    with caplog.at_level("INFO", logger="synth.sampling"):
+        renormalised = effective_mix(OPS6K_MIX, standalone=False)
+    assert "no seeds for ['transformers']" in caplog.text
+    assert TRANSFORMERS not in renormalised and math.isclose(sum(renormalised.values()), 1.0)
+    assert renormalised["torch#2"] == pytest.approx(0.8377 / (1 - 0.0118))
+    assert_mix(sampler(SEEDS).sources(DRAWS), renormalised)
+
+
+def test_compose_follows_the_sampler(sample):
+    """The sample's data sources are the first N sources of the composer's own sampler."""
+    rng = random.Random(f"opsynth.compose:{CFG.seed}:0")
+    assert [t.data_source for t in sample] == Sampler(SEEDS, [], CFG, rng).sources(N)
+
+
+def test_transformers_seeds_stay_standalone():
+    blocks = [transformers_seed("LlamaMLP"), transformers_seed("GPT2Block")]
+    cfg = CFG.model_copy(update={"mix": {TRANSFORMERS: 0.5, "torch#2": 0.5}})
+    tasks = compose([*SEEDS, *blocks], cfg, n=12)
+    standalone = [t for t in tasks if t.data_source == TRANSFORMERS]
+    assert {t.id for t in standalone} == {b.id for b in blocks}, "each block once, as it is"
+    assert {t.code for t in standalone} == {b.code for b in blocks}
+    assert all(t.meta["standalone"] and t.seed_ids == [t.id] for t in standalone)
+    assert Counter(t.data_source for t in tasks)["torch#2"] == 10, "used up: chains instead"
+
+
+def test_op_weights_are_honoured():
+    rare = "torch.cumsum"
+    others = len(SEEDS) - 1
+    heavy = CFG.model_copy(update={"op_weights": {rare: float(others)}})
+    drawn = sampler(SEEDS, heavy).pick(4000)[1]
+    assert abs(drawn.count(rare) / 4000 - 0.5) < 0.03, "as likely as all the others together"
+    never = CFG.model_copy(update={"op_weights": {rare: 0.0}})
+    assert all(rare not in t.ops for t in compose(SEEDS, never, n=60))
+
+
+def test_produced_op_sequences_are_avoided(sample):
+    multi = [t.ops for t in sample if len(t.ops) > 1]
+    later = compose(SEEDS, CFG, n=100, round_index=1, produced=multi)
+    assert not {tuple(ops) for ops in multi} & {tuple(t.ops) for t in later if len(t.ops) > 1}
+    assert all(t.meta["novel_ops"] for t in later if len(t.ops) > 1)
 
 
 def test_other_mixes_and_bad_keys():
     only_two = compose(SEEDS, CFG.model_copy(update={"mix": {"torch#2": 1.0}}), n=10)
     assert {t.data_source for t in only_two} == {"torch#2"}
-    assert parse_mix({"torch#3": 1, "torch#1": 2}) == {1: 2, 3: 1}
-    for bad in ({"transformers": 1.0}, {"torch#0": 1.0}, {"torch#2": 0.0}):
+    assert effective_mix({"torch#3": 1, "torch#1": 3}) == {"torch#1": 0.75, "torch#3": 0.25}
+    for bad in ({"torch#0": 1.0}, {"torch#2": 0.0}, {"llama": 1.0}):
         with pytest.raises(ValueError) as err:
-            parse_mix(bad)
+            effective_mix(bad)
         assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="no positive weight"):
+        effective_mix({TRANSFORMERS: 1.0}, standalone=False)
 
 
 def test_compose_never_executes_code(monkeypatch):

@@ -1,0 +1,111 @@
+"""Score (task, solution) pairs: static guards here, then the harness in the sandboxed pool.
+
+Each pair gets ``Verdict`` rows (stage ``guard``, then the harness's ``build``,
+``correctness`` and ``timing``), like every other stage of the project, and one ``Score``
+carrying the reward. Solution code only ever runs inside the filters' workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from evaluator.guards import check_solution
+from evaluator.reward import Score, flags_for, reward
+from evaluator.solution import Solution
+from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.record import Task, Verdict
+
+HARNESS = "evaluator"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (task, solution) pair as the worker pool sees it."""
+
+    id: str
+    code: str
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def job_id(task: Task, solution: Solution) -> str:
+    return hashlib.sha256(f"{task.id}:{solution.digest}".encode()).hexdigest()[:16]
+
+
+def harness_settings(cfg: EvalConfig) -> dict:
+    return {
+        "atol": cfg.atol,
+        "rtol": cfg.rtol,
+        "trials": cfg.trials,
+        "strict": cfg.strict,
+        "warmup_runs": cfg.warmup_runs,
+        "timed_runs": cfg.timed_runs,
+        "input_sets": cfg.input_sets,
+        "time_on_cpu": cfg.time_on_cpu,
+        "task_timeout_s": cfg.timeout_s,
+    }
+
+
+def score_pairs(
+    pairs: Sequence[tuple[Task, Solution]],
+    cfg: EvalConfig,
+    filters: FiltersConfig,
+    device: str,
+    group_of=lambda task: "",
+) -> tuple[list[Score], list[Verdict]]:
+    """Scores in input order and every verdict row (keyed by the pair's job id)."""
+    from filters.pool import WorkerPool
+
+    verdicts: dict[str, list[Verdict]] = {}
+    jobs = []
+    for task, solution in pairs:
+        jid = job_id(task, solution)
+        guard = check_solution(solution.model_new, solution.kernels.values())
+        verdicts[jid] = [Verdict(jid, "guard", guard.keep, guard.reason, guard.detail)]
+        if guard.keep:
+            jobs.append(Job(jid, task.code, solution.files()))
+    if jobs:
+        with WorkerPool(filters, device) as pool:
+            results = pool.run_harness(jobs, HARNESS, harness_settings(cfg))
+        for jid, rows in results.items():
+            verdicts[jid] += rows
+    scores = [
+        score_of(task, solution, verdicts[job_id(task, solution)], cfg, group_of(task))
+        for task, solution in pairs
+    ]
+    return scores, [v for rows in verdicts.values() for v in rows]
+
+
+def score_of(
+    task: Task, solution: Solution, rows: list[Verdict], cfg: EvalConfig, group: str = ""
+) -> Score:
+    last = rows[-1]
+    correct = all(v.passed for v in rows) and any(v.stage == "correctness" for v in rows)
+    measures = {k: v for row in rows for k, v in row.measures.items()}
+    timed = bool(measures.get("timed"))
+    eager = measures.get("eager_ms") if timed else None
+    compiled = measures.get("compile_ms") if timed else None
+    mine = measures.get("solution_ms") if timed else None
+    score = Score(
+        task_id=task.id,
+        solution=solution.name,
+        reward=-1,
+        correct=correct,
+        reason="ok" if correct else last.reason,
+        detail="" if correct else f"{last.stage}: {last.detail}",
+        eager_ms=eager,
+        compile_ms=compiled,
+        solution_ms=mine,
+        group=group,
+    )
+    flags = flags_for(
+        score.speedup_eager,
+        score.speedup_compile,
+        cfg.review_speedup,
+        int(measures.get("torch_compute_calls") or 0),
+        int(measures.get("functional_calls") or 0),
+    )
+    value = reward(correct, score.speedup_eager, score.speedup_compile, cfg.margin)
+    return dataclasses.replace(score, reward=value, flags=flags)

@@ -1,0 +1,104 @@
+"""``opsynth eval``: score solutions against tasks with the bundled evaluator.
+
+Writes ``results.jsonl`` (one score per task: reward, reason, timings, flags),
+``verdicts.parquet`` (every guard/build/correctness/timing row) and ``summary.json`` (the
+Table 1 metrics, per KernelBench level when scoring KernelBench) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from opsynth.config import ConfigError, load_config
+from opsynth.store import write_verdicts
+
+
+def evaluate(
+    tasks: Annotated[
+        Path, typer.Option("--tasks", help="a task .py, KernelBench .jsonl or dataset .parquet")
+    ],
+    solutions: Annotated[
+        Path | None,
+        typer.Option("--solutions", help="a solution (file or dir), or a dir of <task key>/"),
+    ] = None,
+    reference: Annotated[
+        bool, typer.Option("--reference", help="score each task's own Model (sanity check)")
+    ] = False,
+    levels: Annotated[
+        list[int] | None, typer.Option("--level", help="KernelBench levels (repeatable)")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="results directory")] = Path("runs/eval"),
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
+) -> None:
+    """Score solutions (ModelNew + optional CUDA/C++ kernels) against their tasks."""
+    from evaluator.reward import metrics
+    from evaluator.score import score_pairs
+    from evaluator.solution import SolutionError
+    from evaluator.tasks import group_of, load_tasks, pair_up
+    from flows.cli import UserError, _fail, _resolve_device
+
+    try:
+        cfg = load_config(config)
+        if reference:
+            cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"strict": False})})
+        resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
+        pairs, missing = pair_up(load_tasks(tasks, levels), solutions, reference)
+        if not pairs:
+            raise UserError(f"no task under --tasks {tasks} has a solution under --solutions")
+        scores, verdicts = score_pairs(pairs, cfg.eval, cfg.filters, resolved, group_of)
+    except (ConfigError, SolutionError, UserError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.jsonl", "w") as fh:
+        for score in scores:
+            fh.write(json.dumps(score.to_dict()) + "\n")
+    write_verdicts(verdicts, out / "verdicts.parquet")
+    summary = {"device": resolved, "missing_solutions": missing, "metrics": metrics(scores)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print(scores, summary["metrics"])
+    if missing:
+        Console(stderr=True).print(f"[yellow]note:[/] {len(missing)} task(s) had no solution")
+
+
+def _print(scores, table_metrics) -> None:
+    console = Console()
+    table = Table(title="scores")
+    for col in ("task", "solution", "reward", "reason", "eager ms", "compile ms", "ours ms"):
+        table.add_column(col)
+    for s in scores[:50]:
+        table.add_row(
+            s.task_id,
+            s.solution,
+            str(s.reward),
+            s.reason if not s.flags else f"{s.reason} (flags: {', '.join(s.flags)})",
+            *(
+                f"{v:.4g}" if v is not None else "-"
+                for v in (s.eager_ms, s.compile_ms, s.solution_ms)
+            ),
+        )
+    console.print(table)
+    summary = Table(title="Table 1 metrics")
+    keys = [
+        "tasks",
+        "pass_rate",
+        "faster_than_eager",
+        "faster_than_compile",
+        "geomean_speedup_eager",
+        "geomean_speedup_compile",
+        "mean_reward",
+        "flagged",
+    ]
+    summary.add_column("group")
+    for key in keys:
+        summary.add_column(key)
+    for group, row in table_metrics.items():
+        summary.add_row(group, *(str(row[k]) for k in keys))
+    console.print(summary)

@@ -1,0 +1,74 @@
+"""``opsynth publish`` (a finished run as a tagged Hub dataset version with a generated card)
+and ``opsynth report`` (the audit report: tables, plots, HTML and Markdown). Both are thin:
+the work is in ``opsynth.publish`` and ``opsynth.report``; neither needs Prefect.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+RunArgument = Annotated[Path, typer.Argument(help="a finished run (or audit) directory")]
+
+
+def publish(
+    run: RunArgument,
+    repo_id: Annotated[
+        str | None, typer.Option("--repo-id", help="ORG/NAME (default: the run's publish.repo_id)")
+    ] = None,
+    version: Annotated[
+        str | None, typer.Option("--version", help="X.Y.Z, tagged vX.Y.Z (default 1.0.0)")
+    ] = None,
+    private: Annotated[
+        bool | None, typer.Option("--private/--public", help="visibility of a new repo")
+    ] = None,
+    dry_run: Annotated[
+        Path | None, typer.Option("--dry-run", help="write what would be pushed to DIR, no push")
+    ] = None,
+) -> None:
+    """Push RUN to the Hub as one version: data configs, dataset card, config, manifest."""
+    from flows.cli import _fail
+    from opsynth.publish import PublishError, publish_run
+
+    try:
+        done = publish_run(run, repo_id, version, private, dry_run)
+    except PublishError as exc:
+        _fail(str(exc))
+        return
+    export, pushed = done.export, done.pushed
+    rows = ", ".join(f"{name} {n}" for name, n in export.rows.items())
+    out = Console()
+    out.print(f"exported {len(export.files)} files to {export.root} ({rows})", highlight=False)
+    if pushed is None:
+        out.print("dry run: nothing pushed", highlight=False)
+    elif pushed.changed:
+        out.print(f"published {pushed.tag} at {pushed.commit[:12]}: {pushed.url}", highlight=False)
+    else:
+        out.print(f"{pushed.tag} is already published with these files: {pushed.url}")
+
+
+def report(
+    run: RunArgument,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="report directory (default: RUN/report)")
+    ] = None,
+) -> None:
+    """Write RUN's audit report: report.html, report.md, tables/*.csv, plots/*.png."""
+    from flows.cli import _fail
+    from opsynth.report.render import write_report
+    from opsynth.rundata import load_run
+    from opsynth.store import RunDirError
+
+    try:
+        written = write_report(load_run(run), out or run / "report")
+    except RunDirError as exc:
+        _fail(str(exc))
+        return
+    Console().print(
+        f"report in {written.seconds:.1f} s: {written.html}, {written.markdown} "
+        f"({len(written.tables)} tables, {len(written.plots)} plots)",
+        highlight=False,
+    )

@@ -1,0 +1,239 @@
+"""The dataset card (the repo's README.md), generated from the run alone.
+
+Metadata (licence, task categories, size category, configs) goes in the YAML front matter the
+Hub and ``datasets`` read; the body explains the set with the report's own tables: the funnel
+with its reasons, the composition against CUDA Agent's Table 3, runtimes and their window, the
+device and software, decontamination, how to regenerate it, and what to cite. Nothing in it
+depends on the clock, so the same run renders the same card and re-publishing is a no-op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+import yaml
+
+from opsynth.config import PublishConfig
+from opsynth.publish.layout import CONFIG_PATH, MANIFEST_PATH, SPLIT, data_path
+from opsynth.report import tables as t
+from opsynth.report.markdown import markdown_table
+from opsynth.rundata import RunData
+
+TASK_CATEGORIES = ["text-generation"]
+TAGS = ["code", "cuda", "pytorch", "kernelbench", "gpu-kernels", "synthetic"]
+# the Hub's size buckets: (upper bound exclusive, label)
+SIZE_CATEGORIES = [
+    (1_000, "n<1K"),
+    (10_000, "1K<n<10K"),
+    (100_000, "10K<n<100K"),
+    (1_000_000, "100K<n<1M"),
+]
+BAR_WIDTH = 30  # characters of the text histogram's longest bar
+TOP_REASONS_IN_CARD = 10
+CONFIG_NOTES = {
+    "default": "Ops-6K columns: `ops` (JSON list of operator names), `data_source`, `code`",
+    "full": "every task column, the filters' measurements (eager / compiled ms, speedup, "
+    "nearest KernelBench problem and similarity, dedup clusters), device and versions",
+    "rejected": "every rejected candidate with the stage, reason and detail that stopped it",
+    "verdicts": "every stage's verdict on every candidate, with its measures (JSON)",
+}
+CITATIONS = """```bibtex
+@article{dai2026cudaagent,
+  title   = {CUDA Agent: Large-Scale Agentic RL for High-Performance CUDA Kernel Generation},
+  author  = {Dai, Weinan and Wu, Hanlin and Yu, Qiying and Gao, Huan-ang and Li, Jiahao and
+             Jiang, Chengquan and Lou, Weiqiang and Song, Yufan and Yu, Hongli and Chen, Jiaze
+             and Ma, Wei-Ying and Zhang, Ya-Qin and Liu, Jingjing and Wang, Mingxuan and
+             Liu, Xin and Zhou, Hao},
+  journal = {arXiv preprint arXiv:2602.24286},
+  year    = {2026}
+}
+
+@article{ouyang2025kernelbench,
+  title   = {KernelBench: Can LLMs Write Efficient GPU Kernels?},
+  author  = {Ouyang, Anne and Guo, Simon and Arora, Simran and Zhang, Alex L. and
+             Hu, William and R{\\'e}, Christopher and Mirhoseini, Azalia},
+  journal = {arXiv preprint arXiv:2502.10517},
+  year    = {2025}
+}
+```
+"""
+
+
+@dataclass(frozen=True)
+class CardInput:
+    """What the card states besides the run itself."""
+
+    repo_id: str
+    version: str
+    settings: PublishConfig
+    rows: dict[str, int]  # config name -> rows
+    config_toml: bool  # whether config.toml is shipped
+
+
+def size_category(n: int) -> str:
+    for bound, label in SIZE_CATEGORIES:
+        if n < bound:
+            return label
+    return "n>1M"
+
+
+def front_matter(data: RunData, card: CardInput) -> str:
+    name = card.settings.pretty_name or card.repo_id.split("/")[-1]
+    configs = []
+    for config in card.rows:
+        entry: dict[str, object] = {"config_name": config}
+        if config == "default":
+            entry["default"] = True
+        entry["data_files"] = [{"split": SPLIT, "path": data_path(config)}]
+        configs.append(entry)
+    meta = {
+        "license": card.settings.license,
+        "pretty_name": name,
+        "language": ["en"],
+        "task_categories": TASK_CATEGORIES,
+        "tags": TAGS,
+        "size_categories": [size_category(data.accepted.height)],
+        "configs": configs,
+    }
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
+
+
+def text_histogram(histogram: pl.DataFrame) -> str:
+    """The runtime histogram as a Markdown table with a bar of block characters per bin."""
+    if histogram.is_empty():
+        return "_(no runtime measurements)_\n"
+    peak = max(histogram["tasks"].max() or 0, 1)
+    bars = ["█" * round(BAR_WIDTH * n / peak) if n else "" for n in histogram["tasks"].to_list()]
+    return markdown_table(histogram.with_columns(pl.Series("", bars)))
+
+
+def _environment(data: RunData) -> str:
+    m = data.manifest
+    versions, runtime = m.get("versions", {}), m.get("filters_runtime", {})
+    rows = [
+        ("device", m.get("device", "")),
+        ("device name", runtime.get("device_name", "")),
+        ("torch", versions.get("torch", "")),
+        ("CUDA", versions.get("cuda", "")),
+        ("python", versions.get("python", "")),
+        ("opsynth", versions.get("opsynth", "")),
+        ("sandbox", runtime.get("sandbox", "")),
+        ("speed factor", data.setting("filters", "device_speed_factor", "")),
+    ]
+    frame = pl.DataFrame({"": [r[0] for r in rows], "value": [str(r[1]) for r in rows]})
+    return markdown_table(frame)
+
+
+def _regenerate(data: RunData, card: CardInput) -> str:
+    m = data.manifest
+    tag = f"v{card.version}"
+    fetch = (
+        f"hf download {card.repo_id} {CONFIG_PATH} --repo-type dataset --revision {tag} "
+        "--local-dir ."
+    )
+    device = m.get("device", "auto")
+    if data.kind == "audit":
+        command = f"opsynth audit --input {m.get('source', 'SOURCE')} --out runs/audit"
+    else:
+        command = "opsynth run --out runs/regenerated"
+    if card.config_toml:
+        command += f" --config {CONFIG_PATH}"
+    command += f" --device {device}"
+    lines = [
+        "```bash",
+        *([fetch] if card.config_toml else []),
+        command,
+        "```",
+        "",
+        f"- config hash `{m.get('config_hash', '')}` (the run's full config is `{CONFIG_PATH}` "
+        f"and, with counts and versions, `{MANIFEST_PATH}`)",
+        f"- opsynth {m.get('versions', {}).get('opsynth', '')}; "
+        "the same config on the same device class gives the same candidates and verdicts",
+    ]
+    if m.get("input_rows") and m.get("input_rows") != m.get("counts", {}).get("candidates"):
+        lines.append(
+            f"- the audit read {m['input_rows']} rows, {m['counts']['candidates']} unique "
+            "(a sample, or exact duplicates in the input)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_card(data: RunData, card: CardInput) -> str:
+    """The whole README.md."""
+    tables = t.build_tables(data)
+    m = data.manifest
+    n = data.accepted.height
+    name = card.settings.pretty_name or card.repo_id.split("/")[-1]
+    what = (
+        f"an audit of `{m.get('source', '')}`: the rows that pass every filter"
+        if data.kind == "audit"
+        else "tasks composed from seed operators and kept only if they pass every filter"
+    )
+    configs = pl.DataFrame(
+        {
+            "config": list(card.rows),
+            "rows": list(card.rows.values()),
+            "contents": [CONFIG_NOTES.get(c, "") for c in card.rows],
+        }
+    )
+    window = t.runtime_window(data)
+    window_text = f"{window[0]:g}-{window[1]:g} ms" if window else "not recorded"
+    threshold = t.similarity_threshold(data)
+    body = [
+        f"# {name}",
+        "",
+        f"{n} PyTorch tasks in KernelBench format (`class Model`, `get_inputs()`, "
+        f"`get_init_inputs()`), {what}. Version **{card.version}** (tag `v{card.version}`), "
+        f"made by opsynth from the CUDA-Agent-Ops-6K recipe; the default config has the "
+        "released Ops-6K's columns, so code written for it loads this unchanged.",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        f'tasks = load_dataset("{card.repo_id}", split="train")  # ops, data_source, code',
+        f'full = load_dataset("{card.repo_id}", "full", split="train")  # + measurements',
+        f'this_version = load_dataset("{card.repo_id}", revision="v{card.version}")',
+        "```",
+        "",
+        "## Configs",
+        "",
+        markdown_table(configs),
+        "## Filter funnel",
+        "",
+        "Every candidate meets the stages in this order and stops at the first it fails; "
+        "`export` / `over_target` marks tasks that passed after the target was met.",
+        "",
+        markdown_table(tables["funnel"]),
+        "### Top rejection reasons",
+        "",
+        markdown_table(tables["reasons"].drop("example").head(TOP_REASONS_IN_CARD)),
+        "## Composition vs. CUDA Agent Table 3",
+        "",
+        markdown_table(tables["composition"]),
+        "## Runtime",
+        "",
+        f"Eager runtime window {window_text} (median of timed runs, times the device speed "
+        "factor). Accepted tasks per bin:",
+        "",
+        text_histogram(tables["runtime_histogram"]),
+        markdown_table(tables["runtime"]),
+        "## Device and software",
+        "",
+        _environment(data),
+        "## Decontamination",
+        "",
+        "Each task's `Model` class is compared with every KernelBench problem "
+        "(levels " + ", ".join(str(v) for v in data.setting("decontam", "levels", [])) + ") by "
+        f"AST similarity; tasks above {threshold if threshold is not None else '?'} are "
+        "dropped.",
+        "",
+        markdown_table(tables["similarity"]),
+        markdown_table(tables["nearest_kernelbench"].head(5)),
+        "## How to regenerate",
+        "",
+        _regenerate(data, card),
+        "## Citation",
+        "",
+        CITATIONS,
+    ]
+    return front_matter(data, card) + "\n" + "\n".join(body)

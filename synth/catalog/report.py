@@ -1,0 +1,116 @@
+"""Write an extraction to a directory: the seeds, every verdict, the per-reason table and,
+when the released set is at hand, the coverage report.
+
+Files: ``seeds.parquet`` (runnable seeds, ``Task`` rows), ``verdicts.parquet`` (one ``seeds``
+verdict per operator, runnable or not), ``reasons.csv`` (library, reason, count, examples),
+``coverage.json`` and ``summary.json`` (per-library counts and extraction time).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from collections import Counter, defaultdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ast_dedup.refdata import OPS6K, shared_file
+from opsynth.config import SeedsConfig
+from opsynth.record import Verdict
+from opsynth.store import digest, write_tasks, write_verdicts
+from synth.catalog.coverage import coverage
+from synth.catalog.extract import Extraction, extract
+
+EXAMPLES = 5
+
+
+def reason_rows(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    counts: Counter[tuple[str, str]] = Counter()
+    examples: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for v in verdicts:
+        key = (v.measures.get("library", ""), v.reason)
+        counts[key] += 1
+        if len(examples[key]) < EXAMPLES:
+            examples[key].append(v.measures.get("name", ""))
+    return [
+        {
+            "library": lib,
+            "reason": reason,
+            "count": n,
+            "examples": " ".join(examples[(lib, reason)]),
+        }
+        for (lib, reason), n in sorted(counts.items(), key=lambda kv: (kv[0][0], -kv[1]))
+    ]
+
+
+def summary(extraction: Extraction) -> dict[str, Any]:
+    out = {}
+    for lib in extraction.libraries:
+        families = {v.measures.get("family") for v in lib.verdicts if v.passed} - {"", None}
+        out[lib.name] = {
+            "runnable": len(lib.tasks),
+            "rejected": sum(not v.passed for v in lib.verdicts),
+            "families": len(families),
+            "elapsed_s": lib.elapsed_s,
+            "status": lib.status,
+        }
+    return out
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_catalogue(out: Path, extraction: Extraction, reference: Path | None) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_tasks(extraction.tasks, out / "seeds.parquet")
+    write_verdicts(extraction.verdicts, out / "verdicts.parquet")
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=["library", "reason", "count", "examples"])
+    writer.writeheader()
+    writer.writerows(reason_rows(extraction.verdicts))
+    _atomic_text(out / "reasons.csv", buffer.getvalue())
+    result = {"libraries": summary(extraction)}
+    if reference is not None:
+        result["coverage"] = coverage(extraction.tasks, extraction.verdicts, reference)
+        _atomic_text(out / "coverage.json", json.dumps(result["coverage"], indent=2))
+    _atomic_text(out / "summary.json", json.dumps(result["libraries"], indent=2))
+    return result
+
+
+def catalogue_key(cfg: SeedsConfig) -> str:
+    """What a catalogue depends on: the seeds config and the versions of the code and of
+    every library extracted."""
+    import synth
+
+    versions = {}
+    for name in cfg.catalogue:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = ""
+    return digest(cfg.model_dump(mode="json"), synth.__version__, versions)
+
+
+def ensure_catalogue(run_root: Path, cfg: SeedsConfig) -> bool | None:
+    """Extract ``cfg.catalogue`` into ``<run>/catalogue/`` through the content-addressed
+    ``work/catalogue-<key>/``; returns whether the work was reused (None: nothing to do)."""
+    if not cfg.catalogue:
+        return None
+    work = run_root / "work" / f"catalogue-{catalogue_key(cfg)}"
+    reused = (work / "summary.json").is_file()
+    if not reused:
+        tmp = work.with_name(f".{work.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_catalogue(tmp, extract(cfg.catalogue, cfg), shared_file(OPS6K))
+        shutil.rmtree(work, ignore_errors=True)
+        tmp.rename(work)
+    target = run_root / "catalogue"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(work, target)
+    return reused

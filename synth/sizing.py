@@ -1,0 +1,196 @@
+"""Workload sizing: measure a task's eager runtime on the filtering device and rescale its batch
+until the runtime sits near the middle of the runtime window (on a log scale).
+
+The composer's cost model only guesses CPU time; what the runtime filter keeps depends on the
+filtering device, which may be a GPU 100x faster. So the sizing loop measures (in the sandboxed
+workers, through the ``measure`` callable the caller passes) and rescales: runtime grows about
+linearly with the batch once the device is busy, so each step multiplies the batch by
+``target / measured``, clamped. A task already within ``band`` of the target is left alone;
+a rescaled variant that fails to run (too big for memory, say) is never chosen over one that
+ran. The knob is one module-level constant (``batch_size`` by default) whose right-hand side
+holds exactly one integer literal (``batch_size = 512`` or ``batch_size = 512 * scale``); that
+literal is rewritten in place, so the rest of the code is untouched. Tasks without such a
+constant pass through unchanged, and the reason is recorded.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opsynth.config import SizingConfig
+from opsynth.record import Task
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One measurement: scaled eager ms on ``device``, or why there is none."""
+
+    ms: float | None
+    device: str = ""
+    reason: str = ""
+
+
+Measure = Callable[[list[Task]], dict[str, Probe]]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """Where the size lives: ``name``'s assignment, the integer literal at ``line``/``col``."""
+
+    name: str
+    value: int
+    line: int
+    col: int
+    end_col: int
+
+
+def find_knob(code: str, names: Sequence[str]) -> Knob | None:
+    """The first of ``names`` assigned at module level with exactly one positive int literal."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    found: dict[str, Knob] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target = node.targets[0]
+        if not isinstance(target, ast.Name) or target.id not in names:
+            continue
+        ints = [
+            n
+            for n in ast.walk(node.value)
+            if isinstance(n, ast.Constant) and type(n.value) is int and n.value > 0
+        ]
+        if len(ints) == 1 and ints[0].lineno == ints[0].end_lineno:
+            lit = ints[0]
+            found[target.id] = Knob(
+                target.id, lit.value, lit.lineno, lit.col_offset, lit.end_col_offset or 0
+            )
+    return next((found[n] for n in names if n in found), None)
+
+
+def set_knob(code: str, knob: Knob, value: int) -> str:
+    """``code`` with the knob's literal replaced by ``value``; nothing else changes."""
+    lines = code.splitlines(keepends=True)
+    raw = lines[knob.line - 1].encode()
+    if raw[knob.col : knob.end_col] != str(knob.value).encode():
+        raise ValueError(f"{knob.name}'s literal is not where it was parsed")
+    lines[knob.line - 1] = (raw[: knob.col] + str(value).encode() + raw[knob.end_col :]).decode()
+    return "".join(lines)
+
+
+def target_ms(window: tuple[float, float]) -> float:
+    """The window's middle on a log scale (10 ms for 1-100 ms)."""
+    lo, hi = window
+    return math.sqrt(max(lo, hi * 1e-4) * hi)
+
+
+def next_value(value: int, ms: float, target: float, cfg: SizingConfig) -> int:
+    """The batch that should take ``target`` ms, as the nearest power of two: KernelBench-like
+    sizes, and two runs whose measurements differ only by noise pick the same one (the band
+    spans more than a factor of two, so a power of two always fits)."""
+    ratio = min(max(target / ms, 1.0 / cfg.max_step_scale), cfg.max_step_scale)
+    wanted = min(max(1.0, value * ratio), float(cfg.max_value))
+    return int(min(2 ** round(math.log2(wanted)), cfg.max_value))
+
+
+def _distance(ms: float, target: float) -> float:
+    return abs(math.log(ms / target))
+
+
+@dataclass
+class _Sizing:
+    task: Task
+    knob: Knob | None
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    variants: dict[int, Task] = dataclasses.field(default_factory=dict)
+    current: int = 0
+    done: bool = False
+    device: str = ""
+    note: str = ""
+
+
+def size_tasks(
+    tasks: Sequence[Task], measure: Measure, window: tuple[float, float], cfg: SizingConfig
+) -> list[Task]:
+    """Each task, or its rescaled variant closest to the window's log-middle, with
+    ``meta["sizing"]`` recording the device, the target and every step. All tasks move in
+    lockstep so each round is one parallel ``measure`` call."""
+    target = target_ms(window)
+    states = []
+    for task in tasks:
+        knob = find_knob(task.code, cfg.constant_names)
+        state = _Sizing(task, knob)
+        if knob is None:
+            state.done, state.note = True, f"no {'/'.join(cfg.constant_names)} constant"
+        else:
+            state.current = knob.value
+            state.variants[knob.value] = task
+        states.append(state)
+    for _ in range(cfg.max_steps + 1):
+        active = [s for s in states if not s.done]
+        if not active:
+            break
+        probes = measure([s.variants[s.current] for s in active])
+        for s in active:
+            probe = probes.get(s.variants[s.current].id, Probe(None, reason="not measured"))
+            s.device = s.device or probe.device
+            s.steps.append({"value": s.current, "ms": probe.ms, "reason": probe.reason})
+            if probe.ms is None or probe.ms <= 0:
+                s.done = True
+                continue
+            if target / cfg.band <= probe.ms <= target * cfg.band:
+                s.done = True
+                continue
+            value = next_value(s.current, probe.ms, target, cfg)
+            if value in s.variants:
+                value = _bisect(s.steps, target)
+            if value is None or value in s.variants or len(s.steps) > cfg.max_steps:
+                s.done = True
+                continue
+            s.current = value
+            s.variants[value] = _variant(s.task, s.knob, value)
+    return [_chosen(s, target, cfg) for s in states]
+
+
+def _bisect(steps: list[dict[str, Any]], target: float) -> int | None:
+    """The power of two halfway (in log space) between the largest size measured below the
+    target and the smallest measured above it: runtime is not linear across cache sizes, so
+    the linear step can jump back and forth between two sizes that straddle the target."""
+    below = [st["value"] for st in steps if st["ms"] and st["ms"] < target]
+    above = [st["value"] for st in steps if st["ms"] and st["ms"] > target]
+    if not below or not above:
+        return None
+    lo, hi = max(below), min(above)
+    return 2 ** round((math.log2(lo) + math.log2(hi)) / 2) if lo < hi else None
+
+
+def _variant(task: Task, knob: Knob | None, value: int) -> Task:
+    assert knob is not None
+    return dataclasses.replace(task, code=set_knob(task.code, knob, value), id="")
+
+
+def _chosen(s: _Sizing, target: float, cfg: SizingConfig) -> Task:
+    measured = [step for step in s.steps if step["ms"]]
+    best = min(measured, key=lambda step: _distance(step["ms"], target), default=None)
+    value = best["value"] if best else (s.knob.value if s.knob else None)
+    record: dict[str, Any] = {
+        "device": s.device,
+        "target_ms": round(target, 4),
+        "band": cfg.band,
+        "constant": s.knob.name if s.knob else None,
+        "steps": s.steps,
+        "chosen": value,
+    }
+    if s.note:
+        record["note"] = s.note
+    base = s.variants.get(value, s.task) if value is not None else s.task
+    if base is not s.task:
+        record["from_id"] = s.task.id
+    return dataclasses.replace(base, meta={**base.meta, "sizing": record}, id="")

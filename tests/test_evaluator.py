@@ -1,0 +1,104 @@
+"""The evaluator on CPU: reward rules, static guards, the honest extension, hacked solutions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evaluator.guards import check_solution
+from evaluator.reward import Score, metrics, reward
+from evaluator.score import score_pairs
+from evaluator.solution import SolutionError, load_solution
+from evaluator.tasks import reference_solution
+from opsynth.config import ComposeConfig, EvalConfig, FiltersConfig
+from synth.seeds import get_library, seed_tasks
+from tests.evaluator_cases import HACKS, HONEST, REFERENCE, RUNTIME_HACKS, task
+
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
+
+
+def filters_cfg(**overrides: object) -> FiltersConfig:
+    return FiltersConfig(workers=2, cache_dir=str(CACHE), **overrides)
+
+
+def test_reward_table() -> None:
+    assert reward(False, 9.0, 9.0, 0.05) == -1
+    assert reward(True, 1.06, 1.06, 0.05) == 3
+    assert reward(True, 1.06, 1.04, 0.05) == 2
+    assert reward(True, 1.04, 1.06, 0.05) == 1  # faster than compile only: still 1
+    assert reward(True, None, None, 0.05) == 1  # untimed (CPU): correct is all it can show
+
+
+def test_metrics_follow_table_1() -> None:
+    rows = [
+        Score("a", "s", 3, True, "ok", eager_ms=4.0, compile_ms=2.0, solution_ms=1.0, group="l1"),
+        Score("b", "s", 2, True, "ok", eager_ms=2.0, compile_ms=1.0, solution_ms=1.0, group="l1"),
+        Score("c", "s", -1, False, "incorrect", group="l2"),
+        Score("d", "s", 1, True, "ok", eager_ms=1.0, compile_ms=1.0, solution_ms=1.0, group="l2"),
+    ]
+    table = metrics(rows)
+    assert table["all"]["tasks"] == 4 and table["all"]["pass_rate"] == 0.75
+    assert table["all"]["faster_than_eager"] == 0.5 and table["all"]["faster_than_compile"] == 0.25
+    assert table["all"]["geomean_speedup_eager"] == pytest.approx((4 * 2 * 1) ** (1 / 3), 1e-3)
+    assert table["l1"]["pass_rate"] == 1.0 and table["l2"]["mean_reward"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, (_, r) in HACKS.items() if r.startswith(("hack", "forbidden")))
+)
+def test_static_guards_name_the_hack(name: str) -> None:
+    solution, reason = HACKS[name]
+    decision = check_solution(solution.model_new, solution.kernels.values())
+    assert not decision.keep and decision.reason == reason, decision
+
+
+def test_honest_sources_pass_the_static_guards() -> None:
+    assert check_solution(HONEST.model_new, HONEST.kernels.values()).keep
+    assert check_solution(REFERENCE.model_new).keep
+
+
+def test_solution_directory_layout(tmp_path: Path) -> None:
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "model_new.py").write_text(HONEST.model_new)
+    (tmp_path / "kernels" / "fused.cpp").write_text(HONEST.kernels["fused.cpp"])
+    (tmp_path / "kernels" / "notes.txt").write_text("not a source")
+    loaded = load_solution(tmp_path)
+    assert loaded.kernels == HONEST.kernels and loaded.digest == HONEST.digest
+    assert set(loaded.files()) == {"model_new.py", "kernels/fused.cpp"}
+    with pytest.raises(SolutionError, match="has no model_new.py"):
+        load_solution(tmp_path / "kernels")
+
+
+def test_the_reference_as_its_own_solution_scores_1_on_every_seed_task() -> None:
+    """Harness sanity on CPU (the correctness path): every torch seed task, its own Model
+    renamed ModelNew, scored leniently (its torch ops are flagged, not blocked)."""
+    tasks = seed_tasks(get_library("torch").specs(), ComposeConfig())
+    pairs = [(t, reference_solution(t)) for t in tasks]
+    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu")
+    assert len(scores) == len(tasks) >= 20
+    assert [(s.reward, s.reason) for s in scores] == [(1, "ok")] * len(tasks)
+    # what strict scoring would block: every seed computes, except a transpose (a view)
+    seen = {"torch_compute_in_forward", "functional_in_forward"}
+    flagged = {t.ops[0]: bool(seen & set(s.flags)) for t, s in zip(tasks, scores, strict=True)}
+    assert flagged.pop("torch.transpose") is False and all(flagged.values()), flagged
+
+
+def test_honest_extension_and_every_hack_in_one_sandboxed_batch() -> None:
+    """Strict scoring: the honest C++ extension is correct (r = 1: CPU is not timed); each
+    hacked solution gets -1 with its reason, from the static guards or the runtime ones."""
+    pairs = [(task(), HONEST)] + [(task(), s) for s, _ in HACKS.values()]
+    scores, verdicts = score_pairs(pairs, EvalConfig(), filters_cfg(task_timeout_s=600.0), "cpu")
+    honest, *hacked = scores
+    assert (honest.reward, honest.reason, honest.flags) == (1, "ok", []), honest.detail
+    build = next(v for v in verdicts if v.stage == "build" and v.measures.get("sources"))
+    assert build.measures["sources"] == 1
+    for score, (name, (_, reason)) in zip(hacked, HACKS.items(), strict=True):
+        assert (score.reward, score.reason) == (-1, reason), (name, score.detail)
+
+
+def test_runtime_guards_catch_what_static_checks_allow() -> None:
+    pairs = [(task(), s) for s, _ in RUNTIME_HACKS.values()]
+    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu")
+    for score, (name, (_, reason)) in zip(scores, RUNTIME_HACKS.items(), strict=True):
+        assert (score.reward, score.reason) == (-1, reason), (name, score.detail)

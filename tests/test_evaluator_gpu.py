@@ -1,0 +1,58 @@
+"""The evaluator on a GPU: the harness scores a task's own Model 1 (it is not faster than
+itself), and an honest fused CUDA kernel for a memory-bound KernelBench level-2 problem beats
+eager PyTorch (reward >= 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ast_dedup.refdata import KERNELBENCH, shared_file
+from evaluator.score import score_pairs
+from evaluator.solution import load_solution
+from evaluator.tasks import reference_solution
+from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.tasksets import load_kernelbench
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+SOLUTIONS = Path(__file__).resolve().parent / "solutions"
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
+
+
+def level2(*problems: int):
+    path = shared_file(KERNELBENCH)
+    if path is None:
+        pytest.skip("KernelBench reference data is not there")
+    by_id = {t.meta["problem_id"]: t for t in load_kernelbench(path, [2])}
+    return [by_id[p] for p in problems]
+
+
+def filters() -> FiltersConfig:
+    return FiltersConfig(workers=1, cache_dir=str(CACHE))
+
+
+def test_reference_scores_1_on_the_gpu() -> None:
+    tasks = level2(57, 81, 95)
+    pairs = [(t, reference_solution(t)) for t in tasks]
+    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters(), "cuda")
+    for task, score in zip(tasks, scores, strict=True):
+        print(task.meta["name"], score.to_dict())
+        assert score.correct and score.reward == 1, score
+        assert 0.95 < score.speedup_eager < 1.05
+
+
+def test_honest_fused_kernel_beats_eager() -> None:
+    [task] = level2(87)
+    solution = load_solution(SOLUTIONS / "l2_87")
+    scores, verdicts = score_pairs([(task, solution)], EvalConfig(), filters(), "cuda")
+    [score] = scores
+    for v in verdicts:
+        print(v.stage, v.reason, v.detail[:300], v.measures)
+    print(score.to_dict())
+    assert score.correct and score.flags == [], score
+    assert score.reward >= 2, score

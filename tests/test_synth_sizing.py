@@ -1,0 +1,202 @@
+"""Workload sizing: the knob rewrite, the rescale loop, and a real measurement in the sandbox."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from filters.pool import WorkerPool
+from opsynth.config import ComposeConfig, FiltersConfig, SizingConfig
+from opsynth.record import Task
+from synth.seeds import get_library, seed_tasks
+from synth.sizing import Probe, find_knob, set_knob, size_tasks, target_ms
+
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
+CFG = SizingConfig()
+WINDOW = (1.0, 100.0)
+
+ELEMENTWISE = """\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.tanh(x) * 2.0 + x
+
+
+batch_size = {batch}  # rows
+features = 4096
+
+
+def get_inputs():
+    return [torch.randn(batch_size, features)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def task(batch: int = 8) -> Task:
+    return Task(ops=["torch.tanh"], data_source="torch#1", code=ELEMENTWISE.format(batch=batch))
+
+
+def linear_device(per_row_ms: float, overhead_ms: float = 0.01, fail_above: int | None = None):
+    """A model of a device: runtime = launch overhead + per-row cost; too large fails."""
+    calls: list[int] = []
+
+    def measure(tasks: list[Task]) -> dict[str, Probe]:
+        out = {}
+        for t in tasks:
+            knob = find_knob(t.code, CFG.constant_names)
+            assert knob is not None
+            calls.append(knob.value)
+            if fail_above is not None and knob.value > fail_above:
+                out[t.id] = Probe(None, "model", "resource_limit")
+            else:
+                out[t.id] = Probe(overhead_ms + per_row_ms * knob.value, "model")
+        return out
+
+    return measure, calls
+
+
+def test_knob_is_the_single_literal_and_only_it_changes() -> None:
+    code = ELEMENTWISE.format(batch=8)
+    knob = find_knob(code, ["batch_size"])
+    assert knob is not None and (knob.name, knob.value) == ("batch_size", 8)
+    resized = set_knob(code, knob, 1234)
+    assert "batch_size = 1234  # rows" in resized
+    assert resized.replace("1234", "8") == code
+
+
+def test_offline_seed_code_is_resizable_through_its_base_literal() -> None:
+    spec = next(s for s in get_library("torch").specs() if s.name == "F.gelu")
+    seed = seed_tasks([spec], ComposeConfig())[0]
+    knob = find_knob(seed.code, ["batch_size"])
+    assert knob is not None and knob.value == seed.meta["batch_size"]
+    assert "batch_size = 7 * scale" in set_knob(seed.code, knob, 7)
+
+
+def test_no_knob_or_two_literals_leave_the_task_alone() -> None:
+    assert find_knob("batch_size = 2 * 16\n", ["batch_size"]) is None
+    assert find_knob("n = 16\n", ["batch_size"]) is None
+    assert find_knob("def broken(:\n", ["batch_size"]) is None
+    plain = Task(ops=["x"], data_source="torch#1", code="n = 16\n")
+    measure, calls = linear_device(0.01)
+    [out] = size_tasks([plain], measure, WINDOW, CFG)
+    assert out.id == plain.id and calls == []
+    assert out.meta["sizing"]["note"] == "no batch_size constant"
+
+
+def test_a_too_fast_task_grows_into_the_band_around_the_log_middle() -> None:
+    measure, calls = linear_device(per_row_ms=0.002)  # 8 rows: 0.026 ms
+    [out] = size_tasks([task(8)], measure, WINDOW, CFG)
+    record = out.meta["sizing"]
+    assert target_ms(WINDOW) == pytest.approx(10.0)
+    assert calls[0] == 8 and len(calls) <= CFG.max_steps + 1
+    final_ms = record["steps"][-1]["ms"]
+    assert 10.0 / CFG.band <= final_ms <= 10.0 * CFG.band
+    assert record["chosen"] == calls[-1] and record["from_id"] == task(8).id
+    assert f"batch_size = {calls[-1]}" in out.code and out.id != task(8).id
+    assert record["device"] == "model" and record["target_ms"] == pytest.approx(10.0)
+
+
+def test_a_task_in_the_band_is_measured_once_and_kept() -> None:
+    measure, calls = linear_device(per_row_ms=1.0)  # 8 rows: ~8 ms
+    original = task(8)
+    [out] = size_tasks([original], measure, WINDOW, CFG)
+    assert calls == [8] and out.id == original.id and "from_id" not in out.meta["sizing"]
+
+
+def test_a_too_slow_task_shrinks_and_steps_are_clamped() -> None:
+    measure, calls = linear_device(per_row_ms=5.0)  # 8 rows: 40 ms
+    [out] = size_tasks([task(8)], measure, WINDOW, CFG)
+    assert calls == [8, 2] and out.meta["sizing"]["chosen"] == 2  # 2 rows: 10 ms
+    floor, floored = linear_device(per_row_ms=500.0)
+    [smallest] = size_tasks([task(8)], floor, WINDOW, CFG)
+    assert floored == [8, 1] and smallest.meta["sizing"]["chosen"] == 1  # never below 1
+    grow, grown = linear_device(per_row_ms=1e-7)
+    size_tasks([task(8)], grow, WINDOW, CFG)
+    assert grown[1] == 8 * CFG.max_step_scale  # one step grows at most 64x
+
+
+def test_a_variant_that_fails_is_never_chosen_over_one_that_ran() -> None:
+    measure, calls = linear_device(per_row_ms=0.0001, fail_above=100)
+    original = task(8)
+    [out] = size_tasks([original], measure, WINDOW, CFG)
+    steps = out.meta["sizing"]["steps"]
+    assert steps[1]["ms"] is None and steps[1]["reason"] == "resource_limit"
+    assert out.id == original.id and out.meta["sizing"]["chosen"] == 8
+
+
+def test_size_never_exceeds_max_value() -> None:
+    cfg = CFG.model_copy(update={"max_value": 100})
+    measure, calls = linear_device(per_row_ms=1e-6)
+    size_tasks([task(8)], measure, WINDOW, cfg)
+    assert max(calls) == 100 and len(calls) == 2  # clamped, then no new value to try
+
+
+def test_sizing_measures_in_the_sandboxed_pool() -> None:
+    """A real probe on CPU: a task far below the window is grown until its measured eager time
+    lies within the band around the window's log-middle."""
+    window = (0.1, 1000.0)  # the CPU default; log-middle 10 ms
+    # Two workers on a 2-core host get one intra-op thread each: a 2-thread forward on busy
+    # cores waits for its preempted second thread and reads milliseconds for microseconds.
+    cfg = FiltersConfig(workers=2, cache_dir=str(CACHE), window_ms_cpu=window)
+    with WorkerPool(cfg, "cpu") as pool:
+
+        def measure(tasks: list[Task]) -> dict[str, Probe]:
+            out = {}
+            for task_id, rows in pool.measure(tasks).items():
+                last = rows[-1]
+                assert [v.stage for v in rows] == ["eager", "runtime"], rows
+                out[task_id] = Probe(last.measures["scaled_ms"], last.device)
+            return out
+
+        [out] = size_tasks([task(1)], measure, window, SizingConfig(max_steps=4))
+    record = out.meta["sizing"]
+    ms = [step["ms"] for step in record["steps"]]
+    assert record["device"].startswith("cpu")
+    assert ms[0] < 10.0 / 3  # one row of 4096 is far too fast
+    best = min(ms, key=lambda m: abs(math.log(m / 10.0)))
+    assert 10.0 / 3 <= best <= 10.0 * 3, record
+    assert record["chosen"] > 1
+
+
+def test_sized_tasks_take_their_originals_place_and_history() -> None:
+    from flows.stages import adopt_sized
+    from opsynth.record import Verdict
+
+    a, b, c = task(8), task(16), task(32)
+    grown = Task(ops=a.ops, data_source=a.data_source, code=task(64).code, meta={"sizing": {}})
+    same_as_c = Task(ops=b.ops, data_source=b.data_source, code=c.code)
+    compose_rows = [Verdict(t.id, "compose", True, "ok") for t in (a, b, c)]
+    originals, candidates, verdicts = adopt_sized(
+        [a, b], [grown, same_as_c], [a, b, c], compose_rows
+    )
+    assert [t.id for t in originals] == [grown.id, b.id]  # b's size is c's code: b stays
+    assert [t.id for t in candidates] == [grown.id, b.id, c.id]
+    assert [v.task_id for v in verdicts] == [grown.id, b.id, c.id]
+
+
+def test_sizes_straddling_the_target_are_bisected() -> None:
+    """Runtime jumps when the working set leaves the cache: 512 rows is too fast, 2048 too
+    slow, and the linear step would bounce between them; the loop tries 1024."""
+
+    def measure(tasks: list[Task]) -> dict[str, Probe]:
+        out = {}
+        for t in tasks:
+            rows = find_knob(t.code, CFG.constant_names).value
+            out[t.id] = Probe(rows * (0.005 if rows <= 512 else 0.02), "model")
+        return out
+
+    [out] = size_tasks([task(512)], measure, WINDOW, CFG)
+    values = [step["value"] for step in out.meta["sizing"]["steps"]]
+    assert values == [512, 2048, 1024]
+    assert out.meta["sizing"]["chosen"] == 1024, out.meta["sizing"]

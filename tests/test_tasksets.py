@@ -1,0 +1,42 @@
+"""KernelBench readers against the real reference files in ../shared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ast_dedup.refdata import KERNELBENCH, shared_file
+from filters.calibrate import speed_factor
+from opsynth.tasksets import load_kernelbench, load_kernelbench_timings
+
+TIMING = Path("timing") / "H100_Modal" / "baseline_time_torch.json"
+
+
+def timing_file() -> Path:
+    problems = shared_file(KERNELBENCH)
+    if problems is None or not (problems.parent / TIMING).exists():
+        pytest.skip("KernelBench reference data (kernelbench.jsonl, timing/) is not there")
+    return problems.parent / TIMING
+
+
+def test_timings_key_every_level2_problem_by_id() -> None:
+    timings = load_kernelbench_timings(timing_file(), 2)
+    problems = load_kernelbench(timing_file().parents[2] / KERNELBENCH.name, [2])
+    ids = {t.meta["problem_id"] for t in problems}
+    assert len(timings) == 100 and set(timings) == ids
+    assert all(ms > 0 for ms in timings.values())
+
+
+def test_a_device_twice_as_fast_gets_factor_two() -> None:
+    reference = load_kernelbench_timings(timing_file(), 2)
+    local = {k: v / 2 for k, v in reference.items()}
+    assert speed_factor(local, reference) == pytest.approx(2.0)
+
+
+def test_a_file_without_the_level_is_a_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "timing.json"
+    bad.write_text('{"level1": {}}')
+    with pytest.raises(ValueError, match="not a KernelBench timing file with level 2") as info:
+        load_kernelbench_timings(bad, 2)
+    assert "\n" not in str(info.value)
