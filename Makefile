@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	@if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[dev,llm-test]"; \
+	@if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[dev,llm-test,dask]"; \
 	then touch $(TEST_STAMP); \
 	else echo "warning: llama-cpp-python did not install; the local-LLM test will skip"; fi
 

@@ -169,9 +169,13 @@ class WorkerPool:
     the first failure. ``stats`` describes the sandbox, device, versions and worker churn.
     """
 
-    def __init__(self, cfg: FiltersConfig, device: str = "auto") -> None:
+    def __init__(
+        self, cfg: FiltersConfig, device: str = "auto", gpus: list[str] | None = None
+    ) -> None:
+        """``gpus``: the GPU ids to spread workers over; None = every visible GPU."""
         self.cfg = cfg
         self.device = resolve_device(device)
+        self._given_gpus = gpus
         self.stats: dict[str, Any] = {
             "sandbox": None,
             "device": self.device,
@@ -220,7 +224,8 @@ class WorkerPool:
             for sub in ("inductor", "triton"):
                 os.makedirs(os.path.join(self._paths_cache, sub), exist_ok=True)
             os.makedirs(LOCK_DIR, exist_ok=True)
-            self._gpus = visible_gpus() if self.device == "cuda" else []
+            gpus = self._given_gpus if self._given_gpus is not None else visible_gpus()
+            self._gpus = gpus if self.device == "cuda" else []
             count = worker_count(self.cfg, self.device, host_cores(), len(self._gpus))
             self._threads = max(1, host_cores() // count)
             self._kind = self._choose_sandbox()

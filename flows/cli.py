@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.runners import RunnerError
 from opsynth.config import ConfigError, RunConfig, load_config
 from opsynth.funnel import funnel_rows
 from opsynth.store import RunDir, RunDirError, read_verdicts
@@ -70,10 +71,18 @@ def run(
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
     target: Annotated[int | None, typer.Option("--target", help="accepted tasks wanted")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
+    runner: Annotated[
+        str | None,
+        typer.Option("--runner", help="local | dask | ray: where filter shards run [runner]"),
+    ] = None,
+    runner_address: Annotated[
+        str | None,
+        typer.Option("--runner-address", help="existing Dask/Ray cluster; empty = start one"),
+    ] = None,
 ) -> None:
     """Regenerate a task set into OUT; re-running resumes and recomputes nothing finished."""
     try:
-        cfg = load_config(config)
+        cfg = _with_runner(load_config(config), runner, runner_address)
         if target is not None:
             if target < 1:
                 raise UserError(f"--target must be at least 1, got {target}")
@@ -81,7 +90,7 @@ def run(
         resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
         run_dir = RunDir.create(out)
         manifest = _run_flow(run_dir, cfg, resolved)
-    except (ConfigError, RunDirError, UserError) as exc:
+    except (ConfigError, RunDirError, UserError, RunnerError) as exc:
         _fail(str(exc))
         return
     counts = manifest["counts"]
@@ -98,6 +107,17 @@ def run(
             f"{cfg.max_rounds} rounds; raise max_rounds or compose.oversample"
         )
         raise typer.Exit(1)
+
+
+def _with_runner(cfg: RunConfig, kind: str | None, address: str | None) -> RunConfig:
+    """The config with ``--runner`` / ``--runner-address`` applied (validated as config)."""
+    values = {k: v for k, v in (("kind", kind), ("address", address)) if v is not None}
+    if not values:
+        return cfg
+    try:
+        return cfg.with_section("runner", **values)
+    except ValueError as exc:
+        raise UserError(f"--runner must be local, dask or ray, not {kind!r}") from exc
 
 
 def _start_prefect(run_dir: RunDir) -> None:
@@ -140,9 +160,12 @@ def _progress_callback(bar):
 def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str) -> dict:
     _start_prefect(run_dir)
     from flows.regenerate import regenerate
+    from flows.runners import LocalOnly, task_runner
 
+    engine = task_runner(cfg.runner, device)
+    flow = regenerate.with_options(task_runner=engine) if engine is not None else regenerate
     with _progress_bar() as bar:
-        return regenerate(str(run_dir.root), cfg, device, _progress_callback(bar))
+        return flow(str(run_dir.root), cfg, device, LocalOnly(_progress_callback(bar)))
 
 
 @app.command()

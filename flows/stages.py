@@ -17,7 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 import opsynth
-from opsynth.config import RunConfig
+from opsynth.config import FiltersConfig, RunConfig
 from opsynth.funnel import funnel_rows
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.stage import apply_filters
@@ -162,8 +162,7 @@ def filter_shard_stage(
     ledger: WorkLedger,
     progress: Progress,
 ) -> list[Verdict]:
-    key = digest(cfg.filters.model_dump(mode="json"), device, sorted(t.id for t in shard))
-    path = run.work_path("filter", key)
+    path = shard_path(run, cfg, shard, device)
     if path.exists():
         ledger.note("filter-shard", True)
         progress("filter", len(shard), len(shard))
@@ -173,6 +172,57 @@ def filter_shard_stage(
     write_verdicts(verdicts, path)
     ledger.note("filter-shard", False)
     return verdicts
+
+
+def shard_path(run: RunDir, cfg: RunConfig, shard: list[Task], device: str) -> Path:
+    """A shard's work file: the same key whichever runner computes it."""
+    key = digest(cfg.filters.model_dump(mode="json"), device, sorted(t.id for t in shard))
+    return run.work_path("filter", key)
+
+
+@task(name="filter-shard-remote", cache_policy=NO_CACHE)
+def remote_filter_shard(filters: FiltersConfig, device: str, shard: list[Task]) -> list[Verdict]:
+    """One shard on a task-runner worker (Dask, Ray), on that process's warm pool."""
+    from filters import process_pool
+
+    results = process_pool.evaluate(filters, device, shard)
+    return [v for t in shard for v in results[t.id]]
+
+
+def scatter_shards(
+    run: RunDir,
+    cfg: RunConfig,
+    shards: list[list[Task]],
+    device: str,
+    ledger: WorkLedger,
+    progress: Progress,
+) -> list[Verdict]:
+    """Every shard without a work file submitted to the flow's task runner at once. Only the
+    orchestrator reads and writes work files, so resuming needs no filesystem shared with the
+    engine's workers; verdicts come back in shard order whatever order shards finish in."""
+    from prefect.futures import as_completed
+
+    from flows.runners import submit_options
+
+    done: dict[int, list[Verdict]] = {}
+    pending = {}
+    with submit_options(cfg.runner, device):
+        for i, shard in enumerate(shards):
+            path = shard_path(run, cfg, shard, device)
+            if path.exists():
+                ledger.note("filter-shard", True)
+                done[i] = read_verdicts(path)
+                continue
+            future = remote_filter_shard.submit(cfg.filters, device, shard)
+            pending[future.task_run_id] = (i, future)
+    for future in as_completed([f for _, f in pending.values()]):
+        i, _ = pending[future.task_run_id]
+        done[i] = future.result()
+        write_verdicts(done[i], shard_path(run, cfg, shards[i], device))
+        ledger.note("filter-shard", False)
+        progress("filter", 0, len(shards[i]))
+        progress("filter", len(shards[i]), len(shards[i]))
+    return [v for i in range(len(shards)) for v in done[i]]
 
 
 @task(name="size", cache_policy=NO_CACHE)
@@ -277,13 +327,17 @@ def screen(
     ledger: WorkLedger,
     progress: Progress,
 ) -> list[Verdict]:
-    """Every candidate through static checks, decontamination and the sandboxed filters."""
+    """Every candidate through static checks, decontamination and the sandboxed filters:
+    shards one after another on the in-process pool (``runner.kind`` local), else all at once
+    on the flow's task runner."""
     verdicts = prefilter_stage(run, cfg, tasks, ledger)
     by_task = group_by_task(verdicts)
     survivors = [t for t in tasks if passed_all(t.id, by_task)]
     size = cfg.filters.shard_size
-    for start in range(0, len(survivors), size):
-        shard = survivors[start : start + size]
+    shards = [survivors[start : start + size] for start in range(0, len(survivors), size)]
+    if cfg.runner.kind != "local":
+        return verdicts + scatter_shards(run, cfg, shards, device, ledger, progress)
+    for shard in shards:
         verdicts = verdicts + filter_shard_stage(run, cfg, shard, device, pool, ledger, progress)
     return verdicts
 

@@ -521,6 +521,36 @@ class PublishConfig(_Section):
     pretty_name: str = Field(default="", description="dataset card title; empty = the repo name")
 
 
+class RunnerConfig(_Section):
+    """Where the sandboxed filter shards run. ``local`` keeps one warm pool in this process;
+    ``dask`` and ``ray`` submit every shard to the engine's workers at once, each worker
+    running its own warm pool, so a cluster of GPU hosts filters in parallel. Not part of the
+    config hash: where a shard ran never changes its verdicts."""
+
+    kind: Literal["local", "dask", "ray"] = Field(
+        default="local",
+        description="local = one in-process worker pool; dask (prefect-dask) or ray "
+        "(prefect-ray, the `ray` extra) = shards submitted concurrently to that engine",
+    )
+    address: str = Field(
+        default="",
+        description="an existing cluster (dask: tcp://host:8786, ray: ray://host:10001 or "
+        "auto); empty = start a local cluster on this host for the run",
+    )
+    workers: int = Field(
+        default=0,
+        ge=0,
+        description="workers of a local cluster (address empty), each given an equal share "
+        "of the host's cores; 0 = visible GPUs / gpus_per_worker on cuda, else 2",
+    )
+    gpus_per_worker: int = Field(
+        default=1,
+        ge=1,
+        description="GPUs each cluster worker gets on cuda (CUDA_VISIBLE_DEVICES of a local "
+        "Dask worker; num_gpus of each Ray task)",
+    )
+
+
 class RunConfig(_Section):
     target: int = Field(default=24, ge=1, description="accepted tasks wanted")
     max_rounds: int = Field(default=4, ge=1, description="compose-filter rounds to reach target")
@@ -532,11 +562,14 @@ class RunConfig(_Section):
     decontam: DecontamConfig = DecontamConfig()
     dedup: DedupConfig = DedupConfig()
     publish: PublishConfig = PublishConfig()
+    runner: RunnerConfig = RunnerConfig()
 
     def config_hash(self) -> str:
-        """Hash of what decides the data; ``publish`` only says where it goes, so it is left
-        out and publishing a run never changes its hash."""
-        blob = json.dumps(self.model_dump(mode="json", exclude={"publish"}), sort_keys=True)
+        """Hash of what decides the data; ``publish`` only says where it goes and ``runner``
+        where it is computed, so both are left out and neither changes a run's hash."""
+        blob = json.dumps(
+            self.model_dump(mode="json", exclude={"publish", "runner"}), sort_keys=True
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def with_overrides(self, **top_level: object) -> RunConfig:

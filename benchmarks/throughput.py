@@ -1,0 +1,385 @@
+"""Filter throughput of the warm worker pool against a naive harness, and timing noise.
+
+Run by hand on a GPU host (torch, pyarrow and pydantic suffice; no Prefect), e.g.
+
+    python benchmarks/throughput.py --kernelbench kernelbench.jsonl \
+        --ops6k cuda_agent_ops_6k.parquet --composed 150 --device cuda --out results/throughput
+
+One fixed, seeded candidate set (KernelBench level 2, ``--ops6k-n`` sampled Ops-6K rows,
+``--composed`` offline-composed candidates, sized as ``opsynth run`` sizes them) goes through
+the static check and every sandboxed stage on one ``WorkerPool``: candidates per minute,
+seconds per stage (the verdict rows' ``elapsed_s``), peak worker memory (/proc). Then a seeded
+subset (``--naive``, bounded by ``--naive-budget-s``) goes through the naive harness: one fresh
+process per candidate, sequentially, the same filters, an empty compile cache each time; its
+rate is extrapolated from the subset's mean seconds per candidate. Timing noise: the eager
+median of ``--noise`` tasks measured while the pool's other workers compiled, against the same
+tasks measured alone (one worker, twice: the second pair is the noise floor). The pool's
+compile cache starts empty too (``--warm-cache`` uses the shared one), so both sides compile
+cold. Prints a markdown table and writes ``throughput.json`` and the verdicts to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.proc_memory import MemorySampler  # noqa: E402
+from filters.audit import audit_tasks, load_task_set  # noqa: E402
+from filters.pool import WorkerPool, check_settings, host_cores, resolve_device  # noqa: E402
+from opsynth.config import ComposeConfig, FiltersConfig, SizingConfig  # noqa: E402
+from opsynth.record import Task, Verdict  # noqa: E402
+from opsynth.store import write_verdicts  # noqa: E402
+from opsynth.tasksets import load_kernelbench  # noqa: E402
+
+NAIVE = Path(__file__).resolve().parent / "naive_candidate.py"
+
+
+# ------------------------------------------------------------------------ the candidate set
+
+
+def candidate_set(args: argparse.Namespace) -> tuple[list[Task], list[Task], dict[str, Any]]:
+    """(fixed tasks: KernelBench + Ops-6K rows, composed tasks still to be sized, counts)."""
+    kb = load_kernelbench(args.kernelbench, [2]) if args.kernelbench else []
+    kb = kb[: args.kb_limit] if args.kb_limit else kb
+    ops6k: list[Task] = []
+    if args.ops6k and args.ops6k_n:
+        rows = list({t.id: t for t in load_task_set(args.ops6k)}.values())
+        ops6k = random.Random(args.seed).sample(rows, min(args.ops6k_n, len(rows)))
+    composed: list[Task] = []
+    compose_s = 0.0
+    if args.composed:
+        from synth.composers import run_composer
+        from synth.seeds import get_library, seed_tasks
+
+        start = time.perf_counter()
+        seeds = seed_tasks(list(get_library("torch").specs()))
+        result = run_composer(seeds, ComposeConfig(seed=args.seed), args.composed)
+        composed = result.kept()[: args.composed]
+        compose_s = time.perf_counter() - start
+    counts = {"kernelbench_l2": len(kb), "ops6k": len(ops6k), "composed": len(composed)}
+    return kb + ops6k, composed, {**counts, "compose_s": round(compose_s, 1)}
+
+
+def size(pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str) -> list[Task]:
+    """Composed tasks rescaled into the runtime window, as the ``size`` stage of a run does."""
+    from synth.sizing import Probe, size_tasks
+
+    def measure(batch: list[Task]) -> dict[str, Probe]:
+        probes = {}
+        for task_id, rows in pool.measure(batch).items():
+            last = rows[-1] if rows else None
+            ok = last is not None and last.stage == "runtime" and last.passed
+            ms = float(last.measures["scaled_ms"]) if ok and last else None
+            probes[task_id] = Probe(ms, reason="" if ok or last is None else last.reason)
+        return probes
+
+    return size_tasks(tasks, measure, cfg.window_ms(device), SizingConfig())
+
+
+# ------------------------------------------------------------------------ pure summaries
+
+
+def stage_times(verdicts: list[Verdict]) -> dict[str, dict[str, float]]:
+    """Per execution stage: rows, total and median seconds (the workers' own clocks)."""
+    by_stage: dict[str, list[float]] = {}
+    for v in verdicts:
+        if v.stage != "static":
+            by_stage.setdefault(v.stage, []).append(v.elapsed_s)
+    return {
+        stage: {
+            "rows": len(times),
+            "total_s": round(sum(times), 2),
+            "median_s": round(statistics.median(times), 4),
+        }
+        for stage, times in by_stage.items()
+    }
+
+
+def final_reasons(verdicts: list[Verdict] | list[dict[str, Any]]) -> dict[str, str]:
+    """task id -> the reason of its last row (``ok`` for a task that passed every stage)."""
+    last: dict[str, str] = {}
+    for v in verdicts:
+        row = v if isinstance(v, dict) else v.__dict__
+        last[row["task_id"]] = row["reason"]
+    return last
+
+
+def eager_medians(rows: dict[str, list[Verdict]]) -> dict[str, float]:
+    found = {}
+    for task_id, verdicts in rows.items():
+        for v in verdicts:
+            if v.stage == "runtime" and "eager_ms_median" in v.measures:
+                found[task_id] = float(v.measures["eager_ms_median"])
+    return found
+
+
+def relative_spread(a: dict[str, float], b: dict[str, float]) -> float | None:
+    """Median over tasks in both of |a - b| / b."""
+    spreads = [abs(a[k] - b[k]) / b[k] for k in a.keys() & b.keys() if b[k] > 0]
+    return round(statistics.median(spreads), 4) if spreads else None
+
+
+# ------------------------------------------------------------------------ the three runs
+
+
+def pool_run(
+    tasks: list[Task], composed: list[Task], cfg: FiltersConfig, device: str, seed: int
+) -> dict[str, Any]:
+    """Start, size, filter on one pool; memory sampled throughout."""
+    start = time.perf_counter()
+    pool = WorkerPool(cfg, device)
+    with MemorySampler() as memory, pool:  # entering starts the workers
+        started = time.perf_counter()
+        sized = size(pool, composed, cfg, device) if composed else []
+        size_s = time.perf_counter() - started
+        everything = tasks + sized
+        random.Random(seed).shuffle(everything)  # noise tasks land among compiling ones
+        filter_start = time.perf_counter()
+        result = audit_tasks(everything, cfg, device, pool=pool)
+        filter_s = time.perf_counter() - filter_start
+        stats = dict(pool.stats)
+    by_task: dict[str, list[Verdict]] = {}
+    for v in result.verdicts:
+        by_task.setdefault(v.task_id, []).append(v)
+    return {
+        "tasks": everything,
+        "verdicts": result.verdicts,
+        "by_task": by_task,
+        "kept": len(result.kept),
+        "start_s": started - start,
+        "size_s": size_s,
+        "filter_s": filter_s,
+        "stats": stats,
+        "peak_rss_total_gb": memory.peak_total / 2**30,
+        "peak_rss_process_gb": memory.peak_process / 2**30,
+        "memory_samples": memory.samples,
+    }
+
+
+def naive_run(
+    tasks: list[Task], cfg: FiltersConfig, device: str, budget_s: float
+) -> dict[str, Any]:
+    """Each task in a fresh process, one after another, until done or ``budget_s`` spent."""
+    seconds: list[float] = []
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="opsynth-naive-") as tmp:
+        settings = check_settings(cfg, device, threads=host_cores(), lock_dir=tmp)
+        settings_path = Path(tmp, "settings.json")
+        settings_path.write_text(json.dumps(settings))
+        begin = time.perf_counter()
+        for task in tasks:
+            if seconds and time.perf_counter() - begin > budget_s:
+                break
+            work = Path(tempfile.mkdtemp(dir=tmp))
+            code = work / "candidate.py"
+            code.write_text(task.code)
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
+            env["TRITON_CACHE_DIR"] = str(work / "triton")
+            start = time.perf_counter()
+            try:
+                done = subprocess.run(
+                    [sys.executable, str(NAIVE), str(code), str(settings_path)],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    cwd=work,
+                    timeout=cfg.task_timeout_s + cfg.grace_s,
+                )
+                lines = done.stdout.strip().splitlines()
+                found = json.loads(lines[-1]) if lines else []
+                reason = found[-1]["reason"] if found else f"exit {done.returncode}"
+            except subprocess.TimeoutExpired:
+                reason = "timeout"
+            seconds.append(time.perf_counter() - start)
+            rows.append({"task_id": task.id, "reason": reason, "seconds": seconds[-1]})
+    return {"rows": rows, "seconds": seconds}
+
+
+def alone_medians(tasks: list[Task], cfg: FiltersConfig, device: str) -> list[dict[str, float]]:
+    """The tasks' eager medians on a one-worker pool, measured twice."""
+    with WorkerPool(cfg.model_copy(update={"workers": 1}), device) as pool:
+        return [eager_medians(pool.measure(tasks)) for _ in range(2)]
+
+
+# ------------------------------------------------------------------------ report
+
+
+def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
+    n = len(pool["tasks"])
+    pool_rate = n / pool["filter_s"] * 60 if pool["filter_s"] else 0.0
+    e2e_s = pool["start_s"] + pool["size_s"] + pool["filter_s"]
+    done = len(naive["seconds"])
+    naive_mean = statistics.mean(naive["seconds"]) if done else None
+    naive_rate = 60 / naive_mean if naive_mean else None
+    pool_final = final_reasons(pool["verdicts"])
+    agree = sum(1 for r in naive["rows"] if pool_final.get(r["task_id"]) == r["reason"])
+    concurrent = eager_medians(pool["by_task"])
+    return {
+        "device": device,
+        "device_name": pool["stats"].get("device_name"),
+        "torch_version": pool["stats"].get("torch_version"),
+        "host_cores": host_cores(),
+        "workers": pool["stats"].get("workers"),
+        "sandbox": pool["stats"].get("sandbox"),
+        "compile_cache": "warm (shared)" if args.warm_cache else "cold (empty at start)",
+        "candidates": counts | {"total": n, "kept": pool["kept"]},
+        "pool": {
+            "start_s": round(pool["start_s"], 1),
+            "size_s": round(pool["size_s"], 1),
+            "filter_s": round(pool["filter_s"], 1),
+            "per_minute": round(pool_rate, 1),
+            "per_minute_with_start_and_sizing": round(n / e2e_s * 60, 1) if e2e_s else 0.0,
+            "stage_times": stage_times(pool["verdicts"]),
+            "final_reasons": dict(sorted(_count(pool_final.values()).items())),
+            "peak_rss_total_gb": round(pool["peak_rss_total_gb"], 2),
+            "peak_rss_process_gb": round(pool["peak_rss_process_gb"], 2),
+            "workers_started": pool["stats"].get("workers_started"),
+        },
+        "naive": {
+            "subset": done,
+            "subset_requested": args.naive,
+            "extrapolated": done < n,
+            "mean_s_per_candidate": round(naive_mean, 2) if naive_mean else None,
+            "per_minute": round(naive_rate, 2) if naive_rate else None,
+            "same_final_reason_as_pool": agree,
+            "rows": naive["rows"],
+        },
+        "speedup_vs_naive": round(pool_rate / naive_rate, 2) if naive_rate else None,
+        "noise": {
+            "tasks": len(alone[0]) if alone else 0,
+            "spread_concurrent_vs_alone": relative_spread(concurrent, alone[0]) if alone else None,
+            "spread_alone_vs_alone": relative_spread(alone[1], alone[0]) if alone else None,
+            "eager_ms": {
+                k: {
+                    "concurrent": concurrent.get(k),
+                    "alone": alone[0][k],
+                    "alone2": alone[1].get(k),
+                }
+                for k in (alone[0] if alone else {})
+            },
+        },
+    }
+
+
+def _count(values) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def table(s: dict[str, Any]) -> str:
+    p, nv, noise = s["pool"], s["naive"], s["noise"]
+    c = s["candidates"]
+    mix = f"{c['kernelbench_l2']} KB-L2 + {c['ops6k']} Ops-6K + {c['composed']} composed"
+    naive_note = f"{nv['subset']} run, extrapolated" if nv["extrapolated"] else "all"
+    rows = [
+        ("device", f"{s['device']} {s['device_name'] or ''}, torch {s['torch_version']}"),
+        (
+            "host cores / pool workers / sandbox",
+            f"{s['host_cores']} / {s['workers']} / {s['sandbox']}",
+        ),
+        ("candidates", f"{c['total']} ({mix}); kept {c['kept']}"),
+        ("compile cache", s["compile_cache"]),
+        ("pool: candidates/minute (filters)", f"**{p['per_minute']}** ({p['filter_s']} s)"),
+        (
+            "pool: incl. start and sizing",
+            f"{p['per_minute_with_start_and_sizing']}/min "
+            f"(start {p['start_s']} s, sizing {p['size_s']} s)",
+        ),
+        (
+            "naive: candidates/minute",
+            f"{nv['per_minute']} ({nv['mean_s_per_candidate']} s each; {naive_note})",
+        ),
+        ("speedup pool / naive", f"**{s['speedup_vs_naive']}x**"),
+        ("naive verdicts equal pool's", f"{nv['same_final_reason_as_pool']} / {nv['subset']}"),
+        (
+            "peak worker RSS: total / one process",
+            f"{p['peak_rss_total_gb']} / {p['peak_rss_process_gb']} GiB",
+        ),
+        (
+            f"eager-median spread, concurrent vs alone ({noise['tasks']} tasks)",
+            f"**{_pct(noise['spread_concurrent_vs_alone'])}**",
+        ),
+        ("eager-median spread, alone vs alone", _pct(noise["spread_alone_vs_alone"])),
+    ]
+    for stage, t in p["stage_times"].items():
+        rows.append(
+            (
+                f"stage {stage}: rows, total s, median s",
+                f"{t['rows']}, {t['total_s']}, {t['median_s']}",
+            )
+        )
+    rows.append(("final reasons", ", ".join(f"{k} {v}" for k, v in p["final_reasons"].items())))
+    lines = ["| measure | value |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+# ------------------------------------------------------------------------ main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernelbench", type=Path, help="KernelBench jsonl (level 2 is used)")
+    parser.add_argument("--kb-limit", type=int, default=0, help="first N level-2 problems; 0 = all")
+    parser.add_argument("--ops6k", type=Path, help="Ops-6K parquet")
+    parser.add_argument("--ops6k-n", type=int, default=50, help="seeded Ops-6K sample")
+    parser.add_argument("--composed", type=int, default=150, help="offline-composed candidates")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--workers", type=int, default=0, help="0 = derived from the host")
+    parser.add_argument("--naive", type=int, default=20, help="candidates run the naive way")
+    parser.add_argument("--naive-budget-s", type=float, default=120.0, help="naive stops after")
+    parser.add_argument("--noise", type=int, default=10, help="tasks of the noise measurement")
+    parser.add_argument("--warm-cache", action="store_true", help="reuse the shared compile cache")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("throughput"))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    begin = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(args.device)
+    cache = "" if args.warm_cache else tempfile.mkdtemp(prefix="compile-cache-", dir=args.out)
+    cfg = FiltersConfig(workers=args.workers, cache_dir=cache)
+    fixed, composed, counts = candidate_set(args)
+    print(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}", flush=True)
+    pool = pool_run(fixed, composed, cfg, device, args.seed)
+    print(f"pool: {len(pool['tasks'])} candidates in {pool['filter_s']:.0f} s", flush=True)
+    measured = eager_medians(pool["by_task"])
+    preferred = [t for t in fixed if t.id in measured] + [
+        t for t in pool["tasks"] if t.id in measured
+    ]
+    noise_tasks = list({t.id: t for t in preferred}.values())[: args.noise]
+    alone = alone_medians(noise_tasks, cfg, device) if noise_tasks else []
+    subset = random.Random(args.seed).sample(pool["tasks"], min(args.naive, len(pool["tasks"])))
+    print(f"noise: {len(noise_tasks)} tasks timed alone; naive harness next", flush=True)
+    naive = naive_run(subset, cfg, device, args.naive_budget_s)
+    summary = summarise(args, counts, cfg, device, pool, naive, alone)
+    summary["benchmark_wall_s"] = round(time.perf_counter() - begin, 1)
+    write_verdicts(pool["verdicts"], args.out / "pool-verdicts.parquet")
+    (args.out / "throughput.json").write_text(json.dumps(summary, indent=2))
+    print(table(summary))
+    print(f"\nwall {summary['benchmark_wall_s']:.0f} s; details in {args.out / 'throughput.json'}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

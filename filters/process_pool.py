@@ -1,0 +1,95 @@
+"""One warm ``WorkerPool`` per process, for the engine workers (Dask, Ray) of a scale-out run.
+
+An engine worker runs many filter shards over its life; starting a pool per shard would pay
+the sandboxed workers' torch import every time, so the pool is kept and reused while the
+settings stay the same. Every pool call runs on one dedicated, never-exiting thread because
+bwrap's ``--die-with-parent`` ties the sandboxed workers to the thread that started them, and
+an engine's task threads may come and go. ``OPSYNTH_CPUS`` (a core list, e.g. ``0-7``) pins
+that thread, so the pool sizes itself from its share of the host and its workers inherit it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from filters.pool import WorkerPool
+from opsynth.config import FiltersConfig
+from opsynth.record import Task, Verdict
+
+CPUS_ENV = "OPSYNTH_CPUS"
+
+_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opsynth-pool")
+_state: dict[str, Any] = {"key": None, "pool": None}
+_lock = threading.Lock()
+
+
+def parse_cpus(text: str) -> set[int]:
+    """``"0-3,8"`` -> {0, 1, 2, 3, 8}: the cpu-list format of taskset and /proc."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def format_cpus(cpus: list[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def _env_gpus() -> list[str] | None:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None or not env.strip():
+        return None
+    return [x.strip() for x in env.split(",") if x.strip()]
+
+
+def _pool_for(cfg: FiltersConfig, device: str) -> WorkerPool:
+    """The process's pool for these settings (and this engine-assigned GPU set); a change
+    closes the old pool first. Runs on the pool thread only."""
+    gpus = _env_gpus()
+    key = json.dumps([cfg.model_dump(mode="json"), device, gpus], sort_keys=True)
+    if _state["key"] != key:
+        _close()
+        cpus = os.environ.get(CPUS_ENV, "").strip()
+        if cpus:
+            os.sched_setaffinity(0, parse_cpus(cpus))  # this thread; its children inherit it
+        pool = WorkerPool(cfg, device, gpus=gpus)
+        pool.start()
+        _state.update(key=key, pool=pool)
+    return _state["pool"]
+
+
+def _close() -> None:
+    pool = _state["pool"]
+    _state.update(key=None, pool=None)
+    if pool is not None:
+        pool.close()
+
+
+def evaluate(cfg: FiltersConfig, device: str, tasks: list[Task]) -> dict[str, list[Verdict]]:
+    """``WorkerPool.evaluate`` on this process's warm pool."""
+    with _lock:
+        return _thread.submit(lambda: _pool_for(cfg, device).evaluate(tasks)).result()
+
+
+def stats() -> dict[str, Any]:
+    pool = _state["pool"]
+    return dict(pool.stats) if pool is not None else {}
+
+
+def shutdown() -> None:
+    """Close the pool (its sandboxed workers exit); the next ``evaluate`` starts a new one."""
+    with _lock:
+        _thread.submit(_close).result()
+
+
+# At exit the pool thread is already joined; closing kills processes, which any thread can.
+atexit.register(_close)

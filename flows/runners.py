@@ -1,0 +1,124 @@
+"""Prefect task runners for scaling the filter shards out (``[runner]``, ``--runner``).
+
+``local`` needs nothing: the flow keeps one in-process pool. ``dask`` (prefect-dask) connects
+to ``runner.address`` or starts a local cluster with one worker per GPU set, each seeing only
+its GPUs (``CUDA_VISIBLE_DEVICES``) and an equal share of the cores (``OPSYNTH_CPUS``, see
+``filters.process_pool``). ``ray`` (prefect-ray, the optional ``ray`` extra) connects to
+``runner.address`` or starts Ray locally; each shard asks Ray for ``gpus_per_worker`` GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from filters.process_pool import CPUS_ENV, format_cpus
+from opsynth.config import RunnerConfig
+
+
+class RunnerError(RuntimeError):
+    """The requested runner cannot be used here (a missing package); one line for the user."""
+
+
+def plan_workers(
+    runner: RunnerConfig, device: str, cores: list[int], gpus: list[str]
+) -> list[dict[str, str]]:
+    """The environment of each worker of a local cluster: disjoint core sets and, on cuda,
+    disjoint GPU sets of ``gpus_per_worker``. Pure."""
+    per = runner.gpus_per_worker
+    if device == "cuda" and gpus:
+        count = runner.workers or max(1, len(gpus) // per)
+    else:
+        count = runner.workers or 2
+    count = max(1, min(count, len(cores)))
+    share = len(cores) // count
+    plans = []
+    for i in range(count):
+        env = {CPUS_ENV: format_cpus(cores[i * share : (i + 1) * share])}
+        if device == "cuda" and gpus:
+            chosen = [gpus[(i * per + j) % len(gpus)] for j in range(per)]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
+        plans.append(env)
+    return plans
+
+
+def local_dask_cluster(plans: list[dict[str, str]], **kwargs: Any):
+    """A Dask cluster on this host with one single-threaded worker process per plan, each with
+    that plan's environment (prefect-dask calls this as its ``cluster_class``)."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    local = {"host": "127.0.0.1", "dashboard": False}
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False}}
+    workers = {
+        f"opsynth-{i}": {"cls": Nanny, "options": {**local, "nthreads": 1, "env": env}}
+        for i, env in enumerate(plans)
+    }
+    return SpecCluster(workers=workers, scheduler=scheduler, **kwargs)
+
+
+def task_runner(runner: RunnerConfig, device: str):
+    """The flow's task runner for ``runner.kind``; None for local (Prefect's default)."""
+    if runner.kind == "local":
+        return None
+    if runner.kind == "dask":
+        dask_runner = _runner_class("prefect_dask", "DaskTaskRunner", "dask")
+        if runner.address:
+            return dask_runner(address=runner.address)
+        plans = plan_workers(runner, device, sorted(os.sched_getaffinity(0)), _gpus(device))
+        return dask_runner(cluster_class=local_dask_cluster, cluster_kwargs={"plans": plans})
+    ray_runner = _runner_class("prefect_ray", "RayTaskRunner", "ray")
+    return ray_runner(address=runner.address or None)
+
+
+def _runner_class(module: str, name: str, kind: str):
+    import importlib
+
+    package = module.replace("_", "-")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise RunnerError(
+            f"--runner {kind} needs {package} ({exc}); pip install {package} (the {kind} extra)"
+        ) from exc
+
+
+class LocalOnly:
+    """A callable flow parameter (the CLI's progress bar) that stays in the orchestrator.
+    Prefect sends the flow run's parameters with every task it submits to Dask or Ray, and a
+    progress bar holds locks that cannot be pickled; this pickles as a no-op instead, which is
+    all a remote task needs, since only the orchestrator reports progress."""
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        self.fn(*args)
+
+    def __reduce__(self):
+        return (LocalOnly, (_ignore,))
+
+
+def _ignore(*args: Any) -> None:
+    return None
+
+
+def submit_options(runner: RunnerConfig, device: str):
+    """A context manager around ``.submit()`` carrying per-shard resource requests: Ray
+    reserves ``gpus_per_worker`` GPUs per shard on cuda (and sets its CUDA_VISIBLE_DEVICES);
+    Dask workers already own theirs."""
+    import contextlib
+
+    if runner.kind == "ray" and device == "cuda":
+        from prefect_ray.context import remote_options
+
+        return remote_options(num_gpus=runner.gpus_per_worker)
+    return contextlib.nullcontext()
+
+
+def _gpus(device: str) -> list[str]:
+    if device != "cuda":
+        return []
+    from filters.pool import visible_gpus
+
+    return visible_gpus()

@@ -1,0 +1,62 @@
+"""Filter shards on a local 2-worker Dask cluster (prefect-dask) give the local runner's
+verdicts, and their work files resume under any runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.runners import plan_workers
+from opsynth.config import RunConfig, RunnerConfig
+
+pytest.importorskip("prefect_dask")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "runner_screen.py"
+
+
+def screen(out: Path, kind: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), kind],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_runner_is_not_part_of_the_config_hash() -> None:
+    base = RunConfig()
+    assert base.with_section("runner", kind="dask").config_hash() == base.config_hash()
+
+
+def test_plan_splits_cores_and_gpus() -> None:
+    cores = list(range(16))
+    plans = plan_workers(RunnerConfig(kind="dask"), "cuda", cores, ["0", "1", "2", "3"])
+    assert [p["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "1", "2", "3"]
+    assert plans[1]["OPSYNTH_CPUS"] == "4,5,6,7"
+    pairs = plan_workers(RunnerConfig(kind="dask", gpus_per_worker=2), "cuda", cores, list("0123"))
+    assert [p["CUDA_VISIBLE_DEVICES"] for p in pairs] == ["0,1", "2,3"]
+    cpu = plan_workers(RunnerConfig(kind="dask"), "cpu", [0, 1], [])
+    assert cpu == [{"OPSYNTH_CPUS": "0"}, {"OPSYNTH_CPUS": "1"}]
+
+
+@pytest.mark.slow
+def test_dask_shards_match_local_and_resume(tmp_path: Path) -> None:
+    local = screen(tmp_path / "local", "local")
+    dask = screen(tmp_path / "dask", "dask")
+    assert dask["verdicts"] == local["verdicts"]
+    assert dask["computed"]["filter-shard"] == 3 and not dask["reused"]
+    assert dask["progress"] > 0  # reported in the orchestrator
+    again = screen(tmp_path / "dask", "local")  # work files are the same whichever runner
+    assert again["verdicts"] == local["verdicts"]
+    assert again["reused"] == {"prefilter": 1, "filter-shard": 3} and not again["computed"]

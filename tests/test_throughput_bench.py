@@ -1,0 +1,54 @@
+"""The throughput benchmark's pure summaries (the benchmark itself runs by hand on a GPU)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.proc_memory import descendants_rss  # noqa: E402
+from benchmarks.throughput import (  # noqa: E402
+    final_reasons,
+    parse_args,
+    relative_spread,
+    stage_times,
+)
+from opsynth.record import Verdict  # noqa: E402
+
+
+def test_stage_times_and_final_reasons() -> None:
+    rows = [
+        Verdict("a", "static", True, "ok"),
+        Verdict("a", "eager", True, "ok", elapsed_s=1.0),
+        Verdict("a", "compile", False, "compile_error", elapsed_s=4.0),
+        Verdict("b", "eager", True, "ok", elapsed_s=3.0),
+    ]
+    times = stage_times(rows)
+    assert set(times) == {"eager", "compile"}
+    assert times["eager"] == {"rows": 2, "total_s": 4.0, "median_s": 2.0}
+    assert final_reasons(rows) == {"a": "compile_error", "b": "ok"}
+
+
+def test_relative_spread_is_a_median_over_shared_tasks() -> None:
+    alone = {"a": 10.0, "b": 20.0, "c": 5.0}
+    busy = {"a": 11.0, "b": 20.0, "c": 6.0, "d": 1.0}
+    assert relative_spread(busy, alone) == 0.1
+    assert relative_spread({}, alone) is None
+
+
+def test_defaults_fit_the_gpu_host_budget() -> None:
+    args = parse_args(["--out", "x"])
+    assert args.naive_budget_s <= 180 and args.kb_limit == 0 and args.noise == 10
+
+
+def test_memory_sampler_sees_a_child() -> None:
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert any(size > 0 for size in descendants_rss(os.getpid()))
+    finally:
+        child.kill()
+        child.wait()
