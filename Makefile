@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	@if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[dev,llm-test,dask]"; \
+	$(BIN)/python -m pip install -q -e ".[dev,dask,train]"
+	@if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[dev,llm-test,dask,train]"; \
 	then touch $(TEST_STAMP); \
 	else echo "warning: llama-cpp-python did not install; the local-LLM test will skip"; fi
 

@@ -15,7 +15,8 @@ rate is extrapolated from the subset's mean seconds per candidate. Timing noise:
 median of ``--noise`` tasks measured while the pool's other workers compiled, against the same
 tasks measured alone (one worker, twice: the second pair is the noise floor). The pool's
 compile cache starts empty too (``--warm-cache`` uses the shared one), so both sides compile
-cold. Prints a markdown table and writes ``throughput.json`` and the verdicts to ``--out``.
+cold. Prints a markdown table and writes ``throughput.json``, the verdicts and the sized candidate
+set (``candidates.parquet``, which ``benchmarks/multi_gpu.py`` takes) to ``--out``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from filters.audit import audit_tasks, load_task_set  # noqa: E402
 from filters.pool import WorkerPool, check_settings, host_cores, resolve_device  # noqa: E402
 from opsynth.config import ComposeConfig, FiltersConfig, SizingConfig  # noqa: E402
 from opsynth.record import Task, Verdict  # noqa: E402
-from opsynth.store import write_verdicts  # noqa: E402
+from opsynth.store import write_tasks, write_verdicts  # noqa: E402
 from opsynth.tasksets import load_kernelbench  # noqa: E402
 
 NAIVE = Path(__file__).resolve().parent / "naive_candidate.py"
@@ -77,7 +78,10 @@ def size(pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str) -
 
     def measure(batch: list[Task]) -> dict[str, Probe]:
         probes = {}
-        for task_id, rows in pool.measure(batch).items():
+        started = time.perf_counter()
+        measured = pool.measure(batch)
+        log(f"sizing round: {len(batch)} probes in {time.perf_counter() - started:.0f} s")
+        for task_id, rows in measured.items():
             last = rows[-1] if rows else None
             ok = last is not None and last.stage == "runtime" and last.passed
             ms = float(last.measures["scaled_ms"]) if ok and last else None
@@ -85,6 +89,23 @@ def size(pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str) -
         return probes
 
     return size_tasks(tasks, measure, cfg.window_ms(device), SizingConfig())
+
+
+# ------------------------------------------------------------------------ progress
+
+BEGIN = time.perf_counter()
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - BEGIN:6.0f} s] {message}", flush=True)
+
+
+def _every(step: int):
+    def progress(done: int, total: int) -> None:
+        if done % step == 0 or done == total:
+            log(f"filtered {done}/{total}")
+
+    return progress
 
 
 # ------------------------------------------------------------------------ pure summaries
@@ -141,12 +162,13 @@ def pool_run(
     pool = WorkerPool(cfg, device)
     with MemorySampler() as memory, pool:  # entering starts the workers
         started = time.perf_counter()
+        log(f"pool started ({pool.stats.get('workers')} workers)")
         sized = size(pool, composed, cfg, device) if composed else []
         size_s = time.perf_counter() - started
         everything = tasks + sized
         random.Random(seed).shuffle(everything)  # noise tasks land among compiling ones
         filter_start = time.perf_counter()
-        result = audit_tasks(everything, cfg, device, pool=pool)
+        result = audit_tasks(everything, cfg, device, progress=_every(25), pool=pool)
         filter_s = time.perf_counter() - filter_start
         stats = dict(pool.stats)
     by_task: dict[str, list[Verdict]] = {}
@@ -360,9 +382,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cache = "" if args.warm_cache else tempfile.mkdtemp(prefix="compile-cache-", dir=args.out)
     cfg = FiltersConfig(workers=args.workers, cache_dir=cache)
     fixed, composed, counts = candidate_set(args)
-    print(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}", flush=True)
+    log(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}")
     pool = pool_run(fixed, composed, cfg, device, args.seed)
-    print(f"pool: {len(pool['tasks'])} candidates in {pool['filter_s']:.0f} s", flush=True)
+    log(f"pool: {len(pool['tasks'])} candidates in {pool['filter_s']:.0f} s")
     measured = eager_medians(pool["by_task"])
     preferred = [t for t in fixed if t.id in measured] + [
         t for t in pool["tasks"] if t.id in measured
@@ -370,11 +392,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     noise_tasks = list({t.id: t for t in preferred}.values())[: args.noise]
     alone = alone_medians(noise_tasks, cfg, device) if noise_tasks else []
     subset = random.Random(args.seed).sample(pool["tasks"], min(args.naive, len(pool["tasks"])))
-    print(f"noise: {len(noise_tasks)} tasks timed alone; naive harness next", flush=True)
+    log(f"noise: {len(noise_tasks)} tasks timed alone; naive harness next")
     naive = naive_run(subset, cfg, device, args.naive_budget_s)
     summary = summarise(args, counts, cfg, device, pool, naive, alone)
     summary["benchmark_wall_s"] = round(time.perf_counter() - begin, 1)
     write_verdicts(pool["verdicts"], args.out / "pool-verdicts.parquet")
+    write_tasks(pool["tasks"], args.out / "candidates.parquet")  # sized: multi_gpu.py reuses it
     (args.out / "throughput.json").write_text(json.dumps(summary, indent=2))
     print(table(summary))
     print(f"\nwall {summary['benchmark_wall_s']:.0f} s; details in {args.out / 'throughput.json'}")

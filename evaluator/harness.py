@@ -21,6 +21,7 @@ patches nothing the harness uses.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import statistics
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from filters.checks import load_module
+from filters.checks import draw_inputs, gpu_lock, load_module
 
 Event = torch.cuda.Event
 synchronize = torch.cuda.synchronize
@@ -143,7 +144,8 @@ class Session:
 
     def draw(self, seed: int) -> list[Any]:
         torch.manual_seed(seed)
-        return [x.to(self.device) if torch.is_tensor(x) else x for x in self.task.get_inputs()]
+        raw = draw_inputs(self.task.get_inputs, self.device, seed)
+        return [x.to(self.device) if torch.is_tensor(x) else x for x in raw]
 
     def run_new(self, inputs: list[Any]) -> Any:
         with torch.no_grad(), self.guard:
@@ -166,7 +168,9 @@ def run_solution(workdir: str, settings: dict[str, Any], emit: Emit) -> None:
         emit({"event": "stage", "stage": name})
         start = perf_counter()
         try:
-            row = _row(name, True, "ok", "", stages[name](session))
+            # correctness is GPU work from end to end: shared, so no timed run overlaps it
+            with _gpu_shared(session) if name == "correctness" else contextlib.nullcontext():
+                row = _row(name, True, "ok", "", stages[name](session))
         except Rejected as rejected:
             row = _row(name, False, rejected.reason, rejected.detail, rejected.measures)
         except BaseException as exc:  # solution code may raise anything, SystemExit included
@@ -203,7 +207,8 @@ def stage_build(s: Session) -> dict[str, Any]:
             raise Rejected("build_error", _describe(exc)) from exc
         sys.modules[EXTENSION_NAME] = module
     built_s = perf_counter() - start
-    s.task = load_module(os.path.join(s.workdir, TASK_FILE), "opsynth_task")
+    task_file = str(s.s.get("task_file", TASK_FILE))  # the trainer's workdir names it model.py
+    s.task = load_module(os.path.join(s.workdir, task_file), "opsynth_task")
     try:
         s.solution = load_module(os.path.join(s.workdir, SOLUTION_FILE), "model_new")
     except BaseException as exc:
@@ -290,12 +295,25 @@ def stage_timing(s: Session) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- helpers
 
 
+def _gpu_shared(s: Session) -> contextlib.AbstractContextManager[None]:
+    return gpu_lock(str(s.s.get("lock_dir", "")) if s.cuda else "", s.device, exclusive=False)
+
+
 def _time(s: Session, fn: Callable[[list[Any]], Any], sets: list, runs: int, warmup: int) -> float:
-    """Median ms; each call gets the next input set (prepared before timing started)."""
-    for i in range(warmup):
-        fn(sets[i % len(sets)])
-    s.sync()
+    """Median ms; each call gets the next input set (prepared before timing started). On a GPU
+    the timed calls hold its lock exclusively, as the filters' timing does, so scoring on a
+    pool of workers times each solution with the GPU to itself."""
+    with _gpu_shared(s):
+        for i in range(warmup):
+            fn(sets[i % len(sets)])
+        s.sync()
     flush = torch.empty(64 << 20, dtype=torch.int8, device=s.device) if s.cuda else None
+    lock_dir = str(s.s.get("lock_dir", "")) if s.cuda else ""
+    with gpu_lock(lock_dir, s.device, exclusive=True):
+        return statistics.median(_timed_calls(fn, sets, runs, flush))
+
+
+def _timed_calls(fn: Callable[[list[Any]], Any], sets: list, runs: int, flush: Any) -> list:
     times = []
     for i in range(runs):
         inputs = sets[i % len(sets)]
@@ -313,7 +331,7 @@ def _time(s: Session, fn: Callable[[list[Any]], Any], sets: list, runs: int, war
             t0 = perf_counter()
             fn(inputs)
             times.append((perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 def _flatten(out: Any, who: str) -> list[torch.Tensor]:

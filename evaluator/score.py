@@ -54,8 +54,11 @@ def score_pairs(
     filters: FiltersConfig,
     device: str,
     group_of=lambda task: "",
+    pool=None,
 ) -> tuple[list[Score], list[Verdict]]:
-    """Scores in input order and every verdict row (keyed by the pair's job id)."""
+    """Scores in input order and every verdict row (keyed by the pair's job id). ``pool``: a
+    started ``WorkerPool`` to reuse (rollouts score many episodes on one warm pool); None
+    starts one for this call."""
     from filters.pool import WorkerPool
 
     verdicts: dict[str, list[Verdict]] = {}
@@ -66,11 +69,14 @@ def score_pairs(
         verdicts[jid] = [Verdict(jid, "guard", guard.keep, guard.reason, guard.detail)]
         if guard.keep:
             jobs.append(Job(jid, task.code, solution.files()))
-    if jobs:
-        with WorkerPool(filters, device) as pool:
-            results = pool.run_harness(jobs, HARNESS, harness_settings(cfg))
-        for jid, rows in results.items():
-            verdicts[jid] += rows
+    results: dict[str, list[Verdict]] = {}
+    if jobs and pool is not None:
+        results = pool.run_harness(jobs, HARNESS, harness_settings(cfg))
+    elif jobs:
+        with WorkerPool(filters, device) as started:
+            results = started.run_harness(jobs, HARNESS, harness_settings(cfg))
+    for jid, rows in results.items():
+        verdicts[jid] += rows
     scores = [
         score_of(task, solution, verdicts[job_id(task, solution)], cfg, group_of(task))
         for task, solution in pairs

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
+import functools
 import importlib.util
 import math
 import os
@@ -22,11 +22,12 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from filters.gpulock import gpu_section
 from filters.reasons import STAGES, stages_of
 
 Emit = Callable[[dict[str, Any]], None]
@@ -170,9 +171,10 @@ class Candidate:
             torch.cuda.synchronize()
 
     def draw(self, index: int) -> list[Any]:
-        """The ``index``-th independent input draw, moved to the device."""
+        """The ``index``-th independent input draw, on the device (see ``draw_inputs``)."""
         _seed(SEED_INPUTS + index)
-        raw = self.module.get_inputs()
+        with self.gpu_shared():
+            raw = draw_inputs(self.module.get_inputs, self.device, SEED_INPUTS + index)
         if not isinstance(raw, list | tuple):
             raise Fail("init_error", f"get_inputs() returned {type(raw).__name__}, not a list")
         return [_to_device(x, self.device) for x in raw]
@@ -182,9 +184,9 @@ class Candidate:
     ) -> list[torch.Tensor]:
         """One forward pass under a fixed RNG state; returns the flattened output tensors."""
         _seed(seed)
-        with torch.no_grad():
+        with self.gpu_shared(), torch.no_grad():
             out = (self.model if fn is None else fn)(*inputs)
-        self.sync()
+            self.sync()
         return flatten_output(out)
 
     def flush_l2(self) -> None:
@@ -195,22 +197,12 @@ class Candidate:
             self._l2_buffer = torch.empty(size // 4, dtype=torch.int32, device=self.device)
         self._l2_buffer.zero_()
 
-    @contextlib.contextmanager
-    def gpu_lock(self) -> Iterator[None]:
-        """Exclusive per-GPU lock around a timed section, shared by every worker on the GPU."""
-        if not (self.cuda and self.s.lock_dir):
-            yield
-            return
-        props = torch.cuda.get_device_properties(0)
-        ident = str(getattr(props, "uuid", "")) or os.environ.get("CUDA_VISIBLE_DEVICES", "0")
-        path = os.path.join(self.s.lock_dir, f"gpu-{_safe_name(ident)}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+    def gpu_lock(self, *, exclusive: bool = True) -> contextlib.AbstractContextManager[None]:
+        """Exclusive around timed runs, shared around every other GPU section (``gpu_lock``)."""
+        return gpu_lock(self.s.lock_dir if self.cuda else "", self.device, exclusive=exclusive)
+
+    def gpu_shared(self) -> contextlib.AbstractContextManager[None]:
+        return self.gpu_lock(exclusive=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,9 +232,10 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
         model = c.module.Model(*init_inputs)
         if not isinstance(model, torch.nn.Module):
             raise Fail("init_error", f"Model(...) is a {type(model).__name__}, not an nn.Module")
-        c.model = model.to(c.device)
+        with c.gpu_shared():
+            c.model = model.to(c.device)
+            c.sync()
         c.inputs = c.draw(0)
-        c.sync()
     except Fail:
         raise
     except BaseException as exc:
@@ -408,6 +401,9 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         compiled = torch.compile(c.model)
+        with torch.no_grad():
+            # compiles: seconds of CPU, so outside the GPU lock (timers would wait on it)
+            compiled(*c.inputs)
         outputs = c.forward(c.inputs, fn=compiled)
     except BaseException as exc:
         raise Fail(classify(exc, "compile_error"), describe(exc, c.path)) from None
@@ -443,16 +439,18 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
 
 def time_runs(c: Candidate, fn: Any, slow_ms: float | None) -> list[float]:
     """Milliseconds per run after warm-up. On CUDA: events, synchronize, L2 flushed before each
-    run, and the per-GPU lock held so no other worker's timing overlaps. On CPU: wall time,
-    which an oversubscribed host inflates (a worker with 2 intra-op threads on 2 busy cores
-    read a 10 us forward as 10 ms), so CPU windows are only as good as the host is quiet.
+    run, and the GPU's lock held exclusively, so no other worker's GPU work overlaps. On CPU:
+    wall time, which an oversubscribed host inflates (a worker with 2 intra-op threads on 2
+    busy cores read a 10 us forward as 10 ms), so CPU windows are only as good as the host is
+    quiet.
     Stops early once more than half the runs exceed ``slow_ms`` (the median can no longer
     fall inside the window)."""
     args = c.inputs
     with torch.no_grad():
-        for _ in range(c.s.warmup_runs):
-            fn(*args)
-        c.sync()
+        with c.gpu_shared():
+            for _ in range(c.s.warmup_runs):
+                fn(*args)
+            c.sync()
         times: list[float] = []
         with c.gpu_lock():
             for _ in range(c.s.timed_runs):
@@ -476,6 +474,39 @@ def time_runs(c: Candidate, fn: Any, slow_ms: float | None) -> list[float]:
 
 # --------------------------------------------------------------------------------------------
 # Helpers
+
+
+def draw_inputs(get_inputs: Any, device: torch.device, seed: int) -> Any:
+    """``get_inputs()`` with ``device`` as the default device: tasks sized for a GPU take
+    inputs of up to a few GB, which the CPU's generator needs ~10 s per draw to fill, and the
+    GPU's fills in milliseconds. The values differ from a CPU draw of the same seed but not in
+    distribution, and nothing compares draws across devices. A ``get_inputs()`` that cannot run
+    that way (a CPU generator object, say) is drawn again on the CPU, as written."""
+    if device.type != "cuda":
+        return get_inputs()
+    try:
+        with torch.device(device):
+            return get_inputs()
+    except Exception:
+        _seed(seed)
+        return get_inputs()
+
+
+def gpu_lock(
+    lock_dir: str, device: torch.device, *, exclusive: bool
+) -> contextlib.AbstractContextManager[None]:
+    """The host-wide lock of ``device``'s GPU (``filters.gpulock``), named by its UUID so that
+    workers seeing it under different ``CUDA_VISIBLE_DEVICES`` indices share it. No-op without
+    a lock dir (CPU, or a process with nobody to exclude)."""
+    if not lock_dir:
+        return contextlib.nullcontext()
+    return gpu_section(lock_dir, _gpu_ident(device), exclusive=exclusive)
+
+
+@functools.cache
+def _gpu_ident(device: torch.device) -> str:
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
+    return _safe_name(uuid or os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
 
 
 def load_module(path: str, name: str = CANDIDATE_MODULE) -> Any:

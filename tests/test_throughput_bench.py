@@ -52,3 +52,32 @@ def test_memory_sampler_sees_a_child() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_multi_gpu_comparison_separates_borderline_from_mismatch() -> None:
+    from benchmarks.multi_gpu import compare, final_rows
+
+    def rows(reasons: dict[str, tuple[str, float | None]]) -> list[dict]:
+        out = []
+        for task, (reason, ms) in reasons.items():
+            measures = {"eager_ms_median": ms} if ms is not None else {}
+            out.append(
+                {"task_id": task, "stage": "runtime", "reason": reason, "measures": measures}
+            )
+        return out
+
+    one = final_rows(rows({"a": ("ok", 5.0), "b": ("ok", 1.02), "c": ("ok", 50.0), "d": ("ok", 9)}))
+    two = final_rows(
+        rows(
+            {
+                "a": ("ok", 5.1),
+                "b": ("too_fast", 0.98),
+                "c": ("too_fast", 0.5),
+                "d": ("timeout", None),
+            }
+        )
+    )
+    result = compare(one, two, (1.0, 100.0), 0.1)
+    assert result["identical"] == 1
+    assert sorted(result["borderline"]) == ["b", "d"]  # near the 1 ms edge; a timeout
+    assert result["mismatch"] == ["c"]  # 50 ms vs 0.5 ms is no borderline case

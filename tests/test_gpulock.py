@@ -1,0 +1,95 @@
+"""The per-GPU reader-writer lock: shared sections overlap, a timed (exclusive) section has the
+GPU alone, and a waiting timer is not starved by readers that arrive after it. Each section is
+a separate process (as candidates are); the test orders them with events, not sleeps."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import time
+from pathlib import Path
+
+from filters.gpulock import gpu_section
+
+CTX = mp.get_context("spawn")
+
+
+def _section(lock_dir: str, name: str, exclusive: bool, release, log) -> None:
+    """Events carry the host's monotonic clock, read while the lock is held: queue order
+    across processes says nothing about the order things happened in."""
+    log.put(("asking", name, time.monotonic()))
+    with gpu_section(lock_dir, "gpu0", exclusive=exclusive):
+        log.put(("in", name, time.monotonic()))
+        release.wait(30)
+        log.put(("out", name, time.monotonic()))
+
+
+class Sections:
+    def __init__(self, lock_dir: Path) -> None:
+        self.lock_dir, self.log, self.procs = str(lock_dir), CTX.Queue(), {}
+        self.events: dict[tuple[str, str], float] = {}
+        self.release: dict[str, object] = {}
+
+    def start(self, name: str, exclusive: bool) -> None:
+        self.release[name] = CTX.Event()
+        args = (self.lock_dir, name, exclusive, self.release[name], self.log)
+        self.procs[name] = CTX.Process(target=_section, args=args)
+        self.procs[name].start()
+
+    def wait_for(self, kind: str, name: str, timeout: float = 30.0) -> bool:
+        """Read the log until (kind, name) arrives; False if it does not within ``timeout``."""
+        while (kind, name) not in self.events:
+            try:
+                event_kind, event_name, at = self.log.get(timeout=timeout)
+            except queue.Empty:
+                return False
+            self.events[(event_kind, event_name)] = at
+        return True
+
+    def finish(self) -> dict[tuple[str, str], float]:
+        for event in self.release.values():
+            event.set()
+        for name in self.procs:
+            self.wait_for("out", name)
+        for proc in self.procs.values():
+            proc.join(30)
+        return self.events
+
+
+def test_readers_overlap_and_writer_waits_for_them(tmp_path: Path) -> None:
+    s = Sections(tmp_path)
+    s.start("reader1", False)
+    assert s.wait_for("in", "reader1")
+    s.start("reader2", False)
+    assert s.wait_for("in", "reader2")  # shared sections overlap
+    s.start("timer", True)
+    assert s.wait_for("asking", "timer")
+    assert not s.wait_for("in", "timer", timeout=1.0)  # readers still hold the GPU
+    s.release["reader1"].set()
+    s.release["reader2"].set()
+    assert s.wait_for("in", "timer")
+    events = s.finish()
+    assert events[("in", "timer")] >= events[("out", "reader2")]
+
+
+def test_waiting_timer_goes_before_later_readers(tmp_path: Path) -> None:
+    s = Sections(tmp_path)
+    s.start("reader1", False)
+    assert s.wait_for("in", "reader1")
+    s.start("timer", True)
+    assert s.wait_for("asking", "timer")
+    assert not s.wait_for("in", "timer", timeout=1.0)
+    s.start("late_reader", False)
+    assert s.wait_for("asking", "late_reader")
+    # without the turnstile the late reader would join reader1 and starve the timer
+    assert not s.wait_for("in", "late_reader", timeout=1.0)
+    s.release["reader1"].set()
+    assert s.wait_for("in", "timer")
+    assert not s.wait_for("in", "late_reader", timeout=0.5)  # the timer has the GPU alone
+    events = s.finish()
+    assert events[("in", "late_reader")] >= events[("out", "timer")]
+
+
+def test_no_lock_dir_is_a_no_op() -> None:
+    with gpu_section("", "gpu0", exclusive=True), gpu_section("", "gpu0", exclusive=True):
+        pass

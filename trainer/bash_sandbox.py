@@ -1,0 +1,199 @@
+"""One agent shell command inside bubblewrap.
+
+The command sees the workdir (read-write, at its own path, as cwd; the protected files
+read-only on top), the system read-only as far as Python, torch and the C++/CUDA toolchain
+need it (the same binds as the filters' workers), and the project packages the commands use,
+read-only at ``/opsynth``. It gets no network, its own PID namespace (when the command ends or
+times out, everything it started dies with it), a private ``/tmp`` and an environment built
+from an allow-list, so the trainer's API keys never reach it. There is no unsandboxed fallback:
+when bubblewrap is missing or cannot start, the command is not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from filters import sandbox
+from trainer.workdir import Workdir
+
+PACKAGES = ("opsynth", "filters", "evaluator", "trainer")
+TMP_BYTES = 4 << 30
+EXTRA_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+KILL_GRACE_S = 5.0
+# The workdir is host disk: one runaway file (a log in a loop, a dump) must not fill it. The
+# limit is set hard and the shell has no capabilities, so the command cannot raise it.
+FILE_BYTES = 4 << 30
+SHELL = 'ulimit -f {blocks} && exec bash --noprofile --norc -c "$1"'
+PROBE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``head`` + ``tail`` are the command's output (stdout and stderr interleaved) with
+    ``dropped`` bytes between them discarded while reading, so a flood never fills memory."""
+
+    head: str
+    tail: str
+    dropped: int
+    returncode: int | None  # None: killed at the timeout
+    unavailable: str = ""  # why the sandbox could not start ("" when it ran)
+
+
+def has_gpu() -> bool:
+    return any(name.startswith("nvidia") for name in os.listdir("/dev"))
+
+
+def sandbox_env(workdir: Path, cuda_visible_devices: str | None = None) -> dict[str, str]:
+    """The command's complete environment; nothing else of the trainer's leaks in. Compile
+    caches live in the workdir so builds and ``torch.compile`` are reused across commands."""
+    names = sandbox.PASSTHROUGH_ENV + EXTRA_ENV
+    env = {name: os.environ[name] for name in names if name in os.environ}
+    cache = os.path.join(workdir, ".cache")
+    env.update(
+        PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin")]),
+        HOME="/tmp",
+        TMPDIR="/tmp",
+        USER="agent",
+        LOGNAME="agent",
+        TERM="dumb",
+        PYTHONPATH=sandbox.MOUNT_ROOT,
+        PYTHONNOUSERSITE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+        TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+        TORCH_EXTENSIONS_DIR=os.path.join(cache, "torch_extensions"),
+    )
+    if cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    env.setdefault("LANG", "C.UTF-8")
+    return env
+
+
+def sandbox_argv(workdir: Workdir, command: list[str]) -> list[str]:
+    root = str(workdir.path.resolve())
+    args = sandbox.system_binds(tmp_bytes=TMP_BYTES, gpu=has_gpu())
+    args += sandbox.package_binds(PACKAGES)
+    args += ["--bind", root, root]
+    for rel in sorted(workdir.protected):
+        path = os.path.join(root, rel)
+        args += ["--ro-bind-try", path, path]
+    return [*args, "--remount-ro", "/", "--chdir", root, "--", *command]
+
+
+def run_bash(
+    command: str,
+    workdir: Workdir,
+    timeout_s: float,
+    keep_bytes: int,
+    cuda_visible_devices: str | None = None,
+) -> Outcome:
+    """Runs ``bash -c command``; keeps the first and last ``keep_bytes`` of its output."""
+    why = probe()
+    if why:
+        return Outcome("", "", 0, None, why)
+    shell = ["bash", "--noprofile", "--norc", "-c"]
+    argv = sandbox_argv(workdir, [*shell, SHELL.format(blocks=FILE_BYTES >> 10), "agent", command])
+    env = sandbox_env(workdir.path.resolve(), cuda_visible_devices)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return Outcome("", "", 0, None, f"bwrap could not start: {exc}")
+    deadline = time.monotonic() + timeout_s
+    with proc.stdout:
+        head, tail, dropped = _read(proc, deadline, keep_bytes)
+    returncode = None
+    try:  # the output can end before the command does (it may close its stdout)
+        returncode = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+    return Outcome(_text(head), _text(tail), dropped, returncode)
+
+
+_probed = False
+
+
+def probe() -> str:
+    """Why bubblewrap cannot start Python with the project packages here; "" when it can. A
+    success is remembered for the process, a failure is retried on the next command."""
+    global _probed
+    if _probed:
+        return ""
+    if not sandbox.bwrap_available():
+        return "bwrap is not installed"
+    with tempfile.TemporaryDirectory(prefix="opsynth-probe-") as tmp:
+        probe_wd = Workdir(Path(tmp), "probe", {})
+        argv = sandbox_argv(probe_wd, [sys.executable, "-P", "-c", "import trainer.workdir"])
+        try:
+            proc = subprocess.run(
+                argv,
+                env=sandbox_env(Path(tmp)),
+                capture_output=True,
+                timeout=PROBE_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"bwrap probe failed: {exc}"
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace")[-500:]
+        return f"bwrap probe exited {proc.returncode}: {err}"
+    _probed = True
+    return ""
+
+
+def _read(proc: subprocess.Popen, deadline: float, keep: int) -> tuple[bytes, bytes, int]:
+    """(head, tail, bytes dropped between them), read until end of output or the deadline."""
+    head, chunks, kept, dropped = bytearray(), deque(), 0, 0
+    fd = proc.stdout.fileno()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not sel.select(timeout=min(left, 1.0)):
+                continue
+            data = os.read(fd, 1 << 16)
+            if not data:
+                break
+            room = keep - len(head)
+            if room > 0:
+                head += data[:room]
+                data = data[room:]
+            if data:
+                chunks.append(data)
+                kept += len(data)
+                while kept - len(chunks[0]) >= keep:
+                    kept -= len(chunks[0])
+                    dropped += len(chunks.popleft())
+    tail = b"".join(chunks)
+    dropped += max(0, len(tail) - keep)
+    return bytes(head), tail[max(0, len(tail) - keep) :], dropped
+
+
+def _text(data: bytes) -> str:
+    return data.decode(errors="replace")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """bwrap leads its process group; killing it takes down its PID namespace, and with it
+    everything the command started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
