@@ -20,22 +20,26 @@ from flows.stages import (
     versions,
 )
 from opsynth.config import RunConfig
-from opsynth.record import Task, utc_now
-from opsynth.store import RunDir
+from opsynth.record import utc_now
+from opsynth.store import RunDir, read_tasks
 
 
 @flow(name="audit", log_prints=False)
 def audit(
     out: str,
     cfg: RunConfig,
-    tasks: list[Task],
+    tasks_file: str,
     device: str,
     source: str,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
+    """Audit the tasks in ``tasks_file`` (parquet). A path, not the rows, is the parameter:
+    Prefect sends a flow's parameters with every task it submits to Dask or Ray, and a full
+    Ops-6K is ~10 MB of code per shard."""
     from ast_dedup.dedup import dedup
 
     run = RunDir.create(Path(out))
+    tasks = read_tasks(Path(tasks_file))
     ledger = WorkLedger()
     progress = progress or noop_progress
     pool = LazyPool(cfg, device)

@@ -13,7 +13,7 @@ from rich.table import Table
 from flows.runners import RunnerError
 from opsynth.config import ConfigError, RunConfig, load_config
 from opsynth.funnel import funnel_rows
-from opsynth.store import RunDir, RunDirError, read_verdicts
+from opsynth.store import RunDir, RunDirError, read_verdicts, write_tasks
 
 app = typer.Typer(
     add_completion=False,
@@ -63,6 +63,16 @@ def _print_funnel(manifest_funnel: list[dict], title: str) -> None:
     Console().print(table)
 
 
+RunnerOption = Annotated[
+    str | None,
+    typer.Option("--runner", help="local | dask | ray: where filter shards run [runner]"),
+]
+RunnerAddressOption = Annotated[
+    str | None,
+    typer.Option("--runner-address", help="existing Dask/Ray cluster; empty = start one"),
+]
+
+
 @app.command()
 def run(
     out: Annotated[Path, typer.Option("--out", help="run directory (created if missing)")] = Path(
@@ -71,14 +81,8 @@ def run(
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
     target: Annotated[int | None, typer.Option("--target", help="accepted tasks wanted")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
-    runner: Annotated[
-        str | None,
-        typer.Option("--runner", help="local | dask | ray: where filter shards run [runner]"),
-    ] = None,
-    runner_address: Annotated[
-        str | None,
-        typer.Option("--runner-address", help="existing Dask/Ray cluster; empty = start one"),
-    ] = None,
+    runner: RunnerOption = None,
+    runner_address: RunnerAddressOption = None,
 ) -> None:
     """Regenerate a task set into OUT; re-running resumes and recomputes nothing finished."""
     try:
@@ -176,21 +180,26 @@ def audit(
     seed: Annotated[int, typer.Option("--seed", help="sample seed")] = 0,
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
+    runner: RunnerOption = None,
+    runner_address: RunnerAddressOption = None,
 ) -> None:
     """Run the filters, decontamination and dedup over an existing task set."""
     try:
-        cfg = load_config(config)
+        cfg = _with_runner(load_config(config), runner, runner_address)
         resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
         run_dir = RunDir.create(out)
-        tasks = _load_input(input, sample, seed)
+        tasks_file = run_dir.path("input.parquet")
+        write_tasks(_load_input(input, sample, seed), tasks_file)
         _start_prefect(run_dir)
         from flows.audit import audit as audit_flow
+        from flows.runners import LocalOnly, task_runner
 
+        engine = task_runner(cfg.runner, resolved)
+        flow = audit_flow.with_options(task_runner=engine) if engine is not None else audit_flow
         with _progress_bar() as bar:
-            manifest = audit_flow(
-                str(run_dir.root), cfg, tasks, resolved, input, _progress_callback(bar)
-            )
-    except (ConfigError, RunDirError, UserError) as exc:
+            progress = LocalOnly(_progress_callback(bar))
+            manifest = flow(str(run_dir.root), cfg, str(tasks_file), resolved, input, progress)
+    except (ConfigError, RunDirError, UserError, RunnerError) as exc:
         _fail(str(exc))
         return
     _print_funnel(manifest["funnel"], f"audit of {input} ({resolved})")

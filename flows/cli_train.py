@@ -14,6 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
+# what the `train` extra installs; a missing one is a one-line error, not a traceback
+TRAIN_EXTRA = ("trl", "accelerate")
+
 train_app = typer.Typer(
     no_args_is_help=True, help="Train a model on opsynth's tasks and trajectories (TRL)."
 )
@@ -55,6 +58,12 @@ def _run(fn, **kwargs: Any) -> None:
         metrics = fn(**kwargs)
     except (ConfigError, TrainError, UserError, PoolError, OSError, ValueError) as exc:
         _fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in TRAIN_EXTRA:
+            raise
+        missing = exc.name
+        _fail(f"opsynth train needs the train extra ({missing} is missing): pip install '.[train]'")
         return
     typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "losses"}, default=str))
 

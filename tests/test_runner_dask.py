@@ -60,3 +60,45 @@ def test_dask_shards_match_local_and_resume(tmp_path: Path) -> None:
     again = screen(tmp_path / "dask", "local")  # work files are the same whichever runner
     assert again["verdicts"] == local["verdicts"]
     assert again["reused"] == {"prefilter": 1, "filter-shard": 3} and not again["computed"]
+
+
+@pytest.mark.slow
+def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
+    """``opsynth audit --runner dask``: the same verdicts as the local pool, one-line errors."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from runner_screen import tasks
+
+    from opsynth.store import read_verdicts, write_tasks
+
+    source = tmp_path / "tiny.parquet"
+    write_tasks(tasks(), source)
+    config = tmp_path / "cpu.toml"
+    config.write_text(
+        '[filters]\nworkers = 1\nshard_size = 2\nsandbox = "rlimits"\ntask_timeout_s = 60.0\n'
+        f'cache_dir = "{ROOT / ".cache" / "test-compile"}"\n[runner]\nworkers = 2\n'
+    )
+    verdicts = {}
+    for kind in ("local", "dask"):
+        out = tmp_path / kind
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "audit", "--input", str(source), "--out", str(out)]
+            + ["--config", str(config), "--device", "cpu", "--runner", kind],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = read_verdicts(out / "verdicts.parquet")
+        verdicts[kind] = sorted((v.task_id, v.stage, v.passed, v.reason) for v in rows)
+    assert verdicts["dask"] == verdicts["local"] and verdicts["local"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "audit", "--input", str(source)]
+        + ["--out", str(tmp_path / "bad"), "--runner", "spark"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "--runner must be local, dask or ray" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

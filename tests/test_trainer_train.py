@@ -249,3 +249,28 @@ def test_cli_bad_input_is_one_line(case, needle, chats, tmp_path) -> None:
     code, lines = cli(*args)
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error:") and needle in lines[0], lines
+
+
+def test_missing_train_extra_is_one_line(tiny, chats, tmp_path) -> None:
+    """Without trl installed (hidden from this interpreter) `opsynth train sft` says what to
+    install instead of printing a traceback."""
+    import subprocess
+    import sys
+
+    hide = (
+        "import sys, importlib.abc\n"
+        "class Hide(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'trl':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "from flows.cli import main\n"
+        "main()\n"
+    )
+    args = ["train", "sft", "--data", str(chats), "--model", str(tiny), "--out", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-c", hide, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "needs the train extra (trl is missing)" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
