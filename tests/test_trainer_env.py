@@ -258,6 +258,19 @@ def test_glob_and_grep(box):
     assert call(box, "grep", pattern="no-such-text-anywhere").output.startswith("no matches")
 
 
+def test_grep_with_a_runaway_pattern_times_out(box):
+    """Catastrophic backtracking cannot stall the episode: the search runs in a child that
+    is killed at the tool deadline."""
+    call(box, "write", path="runaway.txt", content="a" * 40 + "!\n")
+    quick = Toolbox(box.workdir, TrainerConfig(tool_timeout_s=2))
+    start = time.monotonic()
+    result = call(quick, "grep", pattern=r"(a+)+$", path="runaway.txt")
+    assert result.error == "timeout" and "simplify the pattern" in result.output
+    assert time.monotonic() - start < 15
+    found = call(quick, "grep", pattern=r"a+!", path="runaway.txt")
+    assert found.output.startswith("runaway.txt:1:")
+
+
 def test_truncate_middle_keeps_head_and_tail():
     text = "H" * 500 + "M" * 5000 + "T" * 500
     short = truncate_middle(text, 1000)

@@ -19,6 +19,7 @@ from typing import Any
 
 from opsynth.config import TrainerConfig
 from trainer.bash_sandbox import run_bash
+from trainer.grep_search import GrepTimeout, run_search
 from trainer.workdir import Workdir
 
 TOOL_ERRORS = (
@@ -327,31 +328,28 @@ class Toolbox:
 
     def _grep(self, pattern: str, path: str = ".", glob: str | None = None) -> ToolResult:
         try:
-            regex = re.compile(pattern)
+            re.compile(pattern)
         except re.error as exc:
             raise _Fail("bad_arguments", f"bad regular expression: {exc}") from exc
         start, _ = self._resolve(path)
         if not start.exists():
             raise _Fail("not_found", f"{path} does not exist")
-        matches: list[str] = []
+        files = []
         for file in self._files(start):
             rel = file.relative_to(self.root).as_posix()
-            if glob and not PurePosixPath(rel).match(glob):
-                continue
-            try:
-                if file.stat().st_size > GREP_BYTES:
-                    continue
-                data = file.read_bytes()
-            except OSError:
-                continue
-            if b"\0" in data[:8192]:  # binary: objects, libraries
-                continue
-            for n, line in enumerate(data.decode(errors="replace").splitlines(), 1):
-                if regex.search(line):
-                    matches.append(f"{rel}:{n}:{line[:GREP_LINE_CHARS]}")
-                    if len(matches) > GREP_MATCHES:
-                        matches[-1] = f"[stopped after {GREP_MATCHES} matches]"
-                        return ToolResult("\n".join(matches))
+            if not glob or PurePosixPath(rel).match(glob):
+                files.append([str(file), rel])
+        request = {
+            "pattern": pattern,
+            "files": files,
+            "max_matches": GREP_MATCHES,
+            "line_chars": GREP_LINE_CHARS,
+            "max_bytes": GREP_BYTES,
+        }
+        try:
+            matches = run_search(request, self.cfg.tool_timeout_s)
+        except GrepTimeout as exc:
+            raise _Fail("timeout", f"grep {pattern!r}: {exc}; simplify the pattern") from exc
         return ToolResult("\n".join(matches) if matches else f"no matches for {pattern!r}")
 
     # ---------------------------------------------------------------------------- helpers
