@@ -74,19 +74,13 @@ def candidate_set(args: argparse.Namespace) -> tuple[list[Task], list[Task], dic
 
 def size(pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str) -> list[Task]:
     """Composed tasks rescaled into the runtime window, as the ``size`` stage of a run does."""
-    from synth.sizing import Probe, size_tasks
+    from synth.sizing import Probe, probe_of, size_tasks
 
     def measure(batch: list[Task]) -> dict[str, Probe]:
-        probes = {}
         started = time.perf_counter()
         measured = pool.measure(batch)
         log(f"sizing round: {len(batch)} probes in {time.perf_counter() - started:.0f} s")
-        for task_id, rows in measured.items():
-            last = rows[-1] if rows else None
-            ok = last is not None and last.stage == "runtime" and last.passed
-            ms = float(last.measures["scaled_ms"]) if ok and last else None
-            probes[task_id] = Probe(ms, reason="" if ok or last is None else last.reason)
-        return probes
+        return {task_id: probe_of(rows) for task_id, rows in measured.items()}
 
     return size_tasks(tasks, measure, cfg.window_ms(device), SizingConfig())
 

@@ -169,7 +169,8 @@ def run_solution(workdir: str, settings: dict[str, Any], emit: Emit) -> None:
         start = perf_counter()
         try:
             # correctness is GPU work from end to end: shared, so no timed run overlaps it
-            with _gpu_shared(session) if name == "correctness" else contextlib.nullcontext():
+            shared = name == "correctness"
+            with _gpu(session, exclusive=False) if shared else contextlib.nullcontext():
                 row = _row(name, True, "ok", "", stages[name](session))
         except Rejected as rejected:
             row = _row(name, False, rejected.reason, rejected.detail, rejected.measures)
@@ -295,21 +296,21 @@ def stage_timing(s: Session) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- helpers
 
 
-def _gpu_shared(s: Session) -> contextlib.AbstractContextManager[None]:
-    return gpu_lock(str(s.s.get("lock_dir", "")) if s.cuda else "", s.device, exclusive=False)
+def _gpu(s: Session, *, exclusive: bool) -> contextlib.AbstractContextManager[None]:
+    """The GPU's lock (``filters.gpulock``): exclusive for timed calls, else shared."""
+    return gpu_lock(str(s.s.get("lock_dir", "")) if s.cuda else "", s.device, exclusive=exclusive)
 
 
 def _time(s: Session, fn: Callable[[list[Any]], Any], sets: list, runs: int, warmup: int) -> float:
     """Median ms; each call gets the next input set (prepared before timing started). On a GPU
     the timed calls hold its lock exclusively, as the filters' timing does, so scoring on a
     pool of workers times each solution with the GPU to itself."""
-    with _gpu_shared(s):
+    with _gpu(s, exclusive=False):
         for i in range(warmup):
             fn(sets[i % len(sets)])
         s.sync()
     flush = torch.empty(64 << 20, dtype=torch.int8, device=s.device) if s.cuda else None
-    lock_dir = str(s.s.get("lock_dir", "")) if s.cuda else ""
-    with gpu_lock(lock_dir, s.device, exclusive=True):
+    with _gpu(s, exclusive=True):
         return statistics.median(_timed_calls(fn, sets, runs, flush))
 
 

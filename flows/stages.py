@@ -237,7 +237,7 @@ def size_stage(
 ) -> list[Task]:
     """Each task rescaled toward the runtime window's log-middle by measuring it in the
     sandboxed workers (``synth.sizing``); same order, one task per input task."""
-    from synth.sizing import size_tasks
+    from synth.sizing import probe_of, size_tasks
 
     parts = (cfg.sizing, cfg.filters)
     key = digest(*[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks])
@@ -280,16 +280,6 @@ def adopt_sized(
         for v in verdicts
     ]
     return [renamed[t.id] for t in originals], [renamed.get(t.id, t) for t in candidates], moved
-
-
-def probe_of(rows: list[Verdict]):
-    """A sizing measurement from the probe's rows: the runtime row's scaled ms, else why not."""
-    from synth.sizing import Probe
-
-    last = rows[-1] if rows else None
-    if last is not None and last.stage == "runtime" and last.passed:
-        return Probe(float(last.measures["scaled_ms"]), device=last.device)
-    return Probe(None, device=last.device if last else "", reason=last.reason if last else "")
 
 
 def passed_all(task_id: str, verdicts_by_task: dict[str, list[Verdict]]) -> bool:

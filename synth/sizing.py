@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opsynth.config import SizingConfig
-from opsynth.record import Task
+from opsynth.record import Task, Verdict
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,15 @@ class Probe:
 
 
 Measure = Callable[[list[Task]], dict[str, Probe]]
+
+
+def probe_of(rows: list[Verdict]) -> Probe:
+    """A sizing measurement from the verdict rows of ``WorkerPool.measure``: the runtime row's
+    scaled ms, else why there is none."""
+    last = rows[-1] if rows else None
+    if last is not None and last.stage == "runtime" and last.passed:
+        return Probe(float(last.measures["scaled_ms"]), device=last.device)
+    return Probe(None, device=last.device if last else "", reason=last.reason if last else "")
 
 
 @dataclass(frozen=True)
