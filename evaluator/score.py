@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from evaluator.guards import check_solution
@@ -115,3 +116,52 @@ def score_of(
     )
     value = reward(correct, score.speedup_eager, score.speedup_compile, cfg.margin)
     return dataclasses.replace(score, reward=value, flags=flags)
+
+
+class ScoringPool:
+    """``score_pairs`` on one warm ``WorkerPool`` kept across calls (rollout episodes, GRPO
+    reward batches), usable from any thread. The pool starts on the first pair worth running,
+    so a caller that never produces one never pays for it. Every pool call runs on one
+    dedicated thread: bwrap's ``--die-with-parent`` ties the sandboxed workers to the thread
+    that started them, and callers' threads come and go. Calls are served one at a time."""
+
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        filters: FiltersConfig,
+        device: str,
+        gpus: list[str] | None = None,
+    ) -> None:
+        self.cfg, self.filters, self.device, self.gpus = cfg, filters, device, gpus
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scoring-pool")
+        self._pool = None
+
+    def score(
+        self, pairs: Sequence[tuple[Task, Solution]], group_of=lambda task: ""
+    ) -> tuple[list[Score], list[Verdict]]:
+        return self._thread.submit(self._score, list(pairs), group_of).result()
+
+    def _score(self, pairs: list[tuple[Task, Solution]], group_of) -> tuple[list, list]:
+        from filters.pool import WorkerPool
+
+        if self._pool is None:
+            pool = WorkerPool(self.filters, self.device, gpus=self.gpus)
+            pool.start()
+            self._pool = pool
+        return score_pairs(pairs, self.cfg, self.filters, self.device, group_of, self._pool)
+
+    def close(self) -> None:
+        """Stop the pool's workers; a later ``score`` starts a new pool."""
+
+        def stop() -> None:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+        self._thread.submit(stop).result()
+
+    def __enter__(self) -> ScoringPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -148,17 +148,17 @@ def test_reward_scores_completions_in_one_warm_pool() -> None:
     filters = FiltersConfig(workers=2, cache_dir=str(CACHE))
     with KernelReward([t], EvalConfig(strict=False), filters, "cpu") as reward:
         assert reward([None] * 5, completions, task_id=ids) == [1.0, -1.0, -1.0, -1.0, -1.0]
-        pool = reward._pool
+        pool = reward._scoring._pool
         assert pool is not None
         assert reward([None], [completions[0]], task_id=[t.id]) == [1.0]
-        assert reward._pool is pool  # kept warm between calls
-    assert reward._pool is None
+        assert reward._scoring._pool is pool  # kept warm between calls
+    assert reward._scoring._pool is None
     with KernelReward([t], EvalConfig(), filters, "cpu") as idle:
         assert idle([None] * 2, ["no code", "```python\nx = 1\n```"], task_id=[t.id] * 2) == [
             -1.0,
             -1.0,
         ]
-        assert idle._pool is None  # nothing worth scoring never starts a sandbox
+        assert idle._scoring._pool is None  # nothing worth scoring never starts a sandbox
 
 
 def test_parse_solution_takes_the_last_block_defining_model_new() -> None:

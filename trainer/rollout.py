@@ -32,9 +32,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evaluator.score import ScoringPool
 from evaluator.solution import Solution
 from evaluator.tasks import group_of, task_key
-from opsynth.config import EvalConfig, FiltersConfig, PublishConfig, TrainerConfig
+from opsynth.config import PublishConfig, TrainerConfig
 from opsynth.record import Task
 from opsynth.store import write_bytes_atomic
 from trainer.trajectory import Episode, load_episode
@@ -83,47 +84,13 @@ ROW_SCHEMA = pa.schema(
 )
 
 
-class PoolScorer:
-    """The evaluator on one warm ``WorkerPool``, shared by every episode thread.
-
-    Every pool call runs on one dedicated thread: bwrap's ``--die-with-parent`` ties the
-    sandboxed workers to the thread that started them, and episode threads come and go. The
+class PoolScorer(ScoringPool):
+    """The evaluator on one warm pool shared by every episode thread (``ScoringPool``); the
     pool starts on the first solution, so a rollout that produces none never pays for it."""
 
-    def __init__(self, eval_cfg: EvalConfig, filters: FiltersConfig, device: str) -> None:
-        self.eval_cfg, self.filters, self.device = eval_cfg, filters, device
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-pool")
-        self._pool = None
-
-    def __enter__(self) -> PoolScorer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __call__(self, task: Task, solution: Solution):
-        return self._thread.submit(self._score, task, solution).result()
-
-    def _score(self, task: Task, solution: Solution):
-        from evaluator.score import score_pairs
-        from filters.pool import WorkerPool
-
-        if self._pool is None:
-            pool = WorkerPool(self.filters, self.device)
-            pool.start()
-            self._pool = pool
-        scores, _ = score_pairs(
-            [(task, solution)], self.eval_cfg, self.filters, self.device, group_of, self._pool
-        )
+        scores, _ = self.score([(task, solution)], group_of)
         return scores[0]
-
-    def close(self) -> None:
-        def stop() -> None:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
-
-        self._thread.submit(stop).result()
         self._thread.shutdown()
 
 

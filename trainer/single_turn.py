@@ -13,11 +13,11 @@ from __future__ import annotations
 import ast
 import json
 import re
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from evaluator.score import ScoringPool
 from evaluator.solution import Solution
 from opsynth.config import EvalConfig, FiltersConfig
 from opsynth.record import Task
@@ -116,14 +116,11 @@ class KernelReward:
         self.eval_cfg, self.filters, self.device, self.gpus = eval_cfg, filters, device, gpus
         self.log_path = Path(log_path) if log_path else None
         self.calls = 0
-        self._pool = None
-        self._lock = threading.Lock()
+        self._scoring = ScoringPool(eval_cfg, filters, device, gpus)
 
     def __call__(
         self, prompts: Sequence[Any], completions: Sequence[Any], task_id=None, **kwargs: Any
     ) -> list[float]:
-        from evaluator.score import score_pairs
-
         ids = list(task_id) if task_id is not None else [None] * len(completions)
         solutions = [parse_solution(completion_text(c)) for c in completions]
         # identical completions of one task (common within a GRPO group) are scored once
@@ -141,10 +138,7 @@ class KernelReward:
         rewards = [-1.0] * len(completions)
         reasons = ["unknown_task" if t not in self.tasks else "no_solution" for t in ids]
         if pairs:
-            with self._lock:
-                scores, _ = score_pairs(
-                    pairs, self.eval_cfg, self.filters, self.device, pool=self._started()
-                )
+            scores, _ = self._scoring.score(pairs)
             for i, j in enumerate(slot):
                 if j is not None:
                     rewards[i], reasons[i] = float(scores[j].reward), scores[j].reason
@@ -152,20 +146,8 @@ class KernelReward:
         self._log(ids, completions, rewards, reasons, kwargs.get("trainer_state"))
         return rewards
 
-    def _started(self):
-        if self._pool is None:
-            from filters.pool import WorkerPool
-
-            pool = WorkerPool(self.filters, self.device, gpus=self.gpus)
-            pool.start()
-            self._pool = pool
-        return self._pool
-
     def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
+        self._scoring.close()
 
     def __enter__(self) -> KernelReward:
         return self
