@@ -70,7 +70,7 @@ def one_run(args: argparse.Namespace) -> None:
             pool.close()
 
     start = time.perf_counter()
-    engine = task_runner(cfg.runner, args.device)
+    engine = task_runner(cfg.runner, args.device, cfg.filters)
     verdicts = screen_flow.with_options(task_runner=engine)(LocalOnly(lambda *a: None))
     wall = time.perf_counter() - start
     write_verdicts(verdicts, out / "verdicts.parquet")
@@ -95,6 +95,18 @@ def final_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         k: {"stage": v["stage"], "reason": v["reason"], "eager_ms": eager.get(k)}
         for k, v in last.items()
     }
+
+
+def filter_span_s(rows: list[dict[str, Any]]) -> float | None:
+    """Seconds from the first to the last sandboxed-filter verdict (``created_at``, whole
+    seconds): the filtering itself, without the cluster's, the pools' and Prefect's start-up
+    and the orchestrator-side prefilter, which do not shrink with more GPUs."""
+    from datetime import datetime
+
+    from filters.reasons import STAGES
+
+    times = [datetime.fromisoformat(r["created_at"]) for r in rows if r["stage"] in STAGES]
+    return (max(times) - min(times)).total_seconds() if len(times) > 1 else None
 
 
 def borderline(a: dict[str, Any], b: dict[str, Any], window: tuple[float, float], rel: float):
@@ -168,6 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = read_table(args.out / f"gpus-{count}" / "verdicts.parquet").to_pylist()
         result["final"] = final_rows(rows)
         result["per_minute"] = round(result["tasks"] / result["wall_s"] * 60, 1)
+        result["filter_span_s"] = filter_span_s(rows)
         runs.append(result)
         print(f"  {result['wall_s']:.0f} s, {result['per_minute']}/min", flush=True)
     base = runs[0]
@@ -182,6 +195,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "wall_s": round(r["wall_s"], 1),
                 "per_minute": r["per_minute"],
                 "speedup": round(base["wall_s"] / r["wall_s"], 2),
+                "filter_span_s": r["filter_span_s"],
+                "filter_span_speedup": _ratio(base["filter_span_s"], r["filter_span_s"]),
                 "kept": sum(1 for v in r["final"].values() if v["reason"] == "ok"),
                 "verdicts_vs_first": compare(base["final"], r["final"], window, args.borderline),
             }
@@ -191,6 +206,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (args.out / "multi_gpu.json").write_text(json.dumps(summary, indent=2))
     print(table(summary))
     return summary
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
 
 
 def _passthrough(args: argparse.Namespace) -> list[str]:
@@ -210,14 +229,15 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
 
 def table(summary: dict[str, Any]) -> str:
     lines = [
-        "| GPUs | wall s | candidates/min | speed-up | kept | identical verdicts | borderline "
-        "| mismatches |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| GPUs | wall s | candidates/min | speed-up | filter span s | span speed-up | kept "
+        "| identical verdicts | borderline | mismatches |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in summary["runs"]:
         c = r["verdicts_vs_first"]
         lines.append(
-            f"| {r['gpus']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x | {r['kept']} "
+            f"| {r['gpus']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x "
+            f"| {r['filter_span_s']} | {r['filter_span_speedup']}x | {r['kept']} "
             f"| {c['identical']}/{c['tasks']} | {len(c['borderline'])} | {len(c['mismatch'])} |"
         )
     return "\n".join(lines)

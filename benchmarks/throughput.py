@@ -106,16 +106,21 @@ def _every(step: int):
 
 
 def stage_times(verdicts: list[Verdict]) -> dict[str, dict[str, float]]:
-    """Per execution stage: rows, total and median seconds (the workers' own clocks)."""
+    """Per execution stage: rows, total and median seconds (the workers' own clocks), and the
+    part of the total spent queueing for the GPU's lock (``gpu_lock_wait_s``)."""
     by_stage: dict[str, list[float]] = {}
+    waits: dict[str, float] = {}
     for v in verdicts:
         if v.stage != "static":
             by_stage.setdefault(v.stage, []).append(v.elapsed_s)
+            wait = float(v.measures.get("gpu_lock_wait_s") or 0.0)
+            waits[v.stage] = waits.get(v.stage, 0.0) + wait
     return {
         stage: {
             "rows": len(times),
             "total_s": round(sum(times), 2),
             "median_s": round(statistics.median(times), 4),
+            "lock_wait_s": round(waits[stage], 2),
         }
         for stage, times in by_stage.items()
     }
@@ -261,6 +266,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
             "peak_rss_total_gb": round(pool["peak_rss_total_gb"], 2),
             "peak_rss_process_gb": round(pool["peak_rss_process_gb"], 2),
             "workers_started": pool["stats"].get("workers_started"),
+            "retried_alone": pool["stats"].get("retried_alone"),
         },
         "naive": {
             "subset": done,
@@ -333,8 +339,8 @@ def table(s: dict[str, Any]) -> str:
     for stage, t in p["stage_times"].items():
         rows.append(
             (
-                f"stage {stage}: rows, total s, median s",
-                f"{t['rows']}, {t['total_s']}, {t['median_s']}",
+                f"stage {stage}: rows, total s, median s, GPU-lock wait s",
+                f"{t['rows']}, {t['total_s']}, {t['median_s']}, {t.get('lock_wait_s', 0)}",
             )
         )
     rows.append(("final reasons", ", ".join(f"{k} {v}" for k, v in p["final_reasons"].items())))

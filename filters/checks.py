@@ -20,6 +20,7 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from filters.gpulock import gpu_section
+from filters.gpulock import gpu_section, waited_s
 from filters.reasons import STAGES, stages_of
 
 Emit = Callable[[dict[str, Any]], None]
@@ -97,7 +98,7 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
     }
     for name in cand.s.stages:
         emit({"event": "stage", "stage": name})
-        start = time.perf_counter()
+        start, waited = time.perf_counter(), waited_s()
         try:
             row = _row(name, True, "ok", "", stage_functions[name](cand))
         except Fail as fail:
@@ -106,6 +107,8 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
             default = "compile_error" if name == "compile" else "forward_error"
             row = _row(name, False, classify(exc, default), describe(exc, code_path), {})
         row["elapsed_s"] = round(time.perf_counter() - start, 6)
+        if cand.cuda and cand.s.lock_dir:
+            row["measures"]["gpu_lock_wait_s"] = round(waited_s() - waited, 6)
         emit({"event": "verdict", "verdict": row})
         if not row["passed"]:
             break
@@ -161,6 +164,7 @@ class Candidate:
         self.outputs: list[torch.Tensor] = []
         self.eager_ms: float | None = None
         self._l2_buffer: torch.Tensor | None = None
+        self.device_init = DeviceInit(self.device)
 
     @property
     def cuda(self) -> bool:
@@ -205,6 +209,32 @@ class Candidate:
         return self.gpu_lock(exclusive=False)
 
 
+class DeviceInit:
+    """Creates the CUDA context on a thread as soon as the candidate process starts. Every
+    candidate is a fresh process, so each pays for a context (~0.3-0.5 s); on a thread it
+    overlaps importing and building the model on the CPU, and it happens before, not inside,
+    the GPU lock's shared section that moves the model (a queued timer would wait for it)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.seconds = 0.0
+        self._thread: threading.Thread | None = None
+        if device.type == "cuda":
+            self._thread = threading.Thread(target=self._run, args=(device,), daemon=True)
+            self._thread.start()
+
+    def _run(self, device: torch.device) -> None:
+        start = time.perf_counter()
+        # a failure here resurfaces, with its message, at the candidate's first CUDA call
+        with contextlib.suppress(BaseException):
+            torch.zeros(1, device=device)
+        self.seconds = time.perf_counter() - start
+
+    def wait(self) -> float:
+        if self._thread is not None:
+            self._thread.join()
+        return self.seconds
+
+
 # --------------------------------------------------------------------------------------------
 # Stages
 
@@ -227,11 +257,15 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
 
     start = time.perf_counter()
     try:
-        _seed(SEED_INIT)
+        # Host generators only: seeding CUDA's would wait for the context DeviceInit is still
+        # creating. A constructor that draws on the GPU gets a fresh process's fixed CUDA seed.
+        _seed(SEED_INIT, host_only=True)
         init_inputs = c.module.get_init_inputs()
         model = c.module.Model(*init_inputs)
         if not isinstance(model, torch.nn.Module):
             raise Fail("init_error", f"Model(...) is a {type(model).__name__}, not an nn.Module")
+        build_s = time.perf_counter() - start
+        device_init_s = c.device_init.wait()
         with c.gpu_shared():
             c.model = model.to(c.device)
             c.sync()
@@ -276,6 +310,8 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
     return {
         "import_s": round(import_s, 4),
         "init_s": round(init_s, 4),
+        "build_s": round(build_s, 4),
+        "device_init_s": round(device_init_s, 4),
         "first_forward_ms": round(first_ms, 4),
         "parameters": sum(p.numel() for p in c.model.parameters()),
         "inputs": [_describe_value(x) for x in c.inputs],
@@ -644,9 +680,12 @@ def _same(a: Any, b: Any) -> bool:
     return a is b
 
 
-def _seed(seed: int) -> None:
+def _seed(seed: int, host_only: bool = False) -> None:
     random.seed(seed)
-    torch.manual_seed(seed)
+    if host_only:
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

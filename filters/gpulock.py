@@ -20,7 +20,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
+
+# Seconds this process has spent waiting for GPU locks; the checks report it per stage, so a
+# stage slowed by queueing for the GPU is told apart from one slowed by its own work.
+_waited_s = 0.0
+
+
+def waited_s() -> float:
+    return _waited_s
 
 
 def _open(lock_dir: str, name: str) -> int:
@@ -40,14 +49,17 @@ def _held(fd: int, mode: int) -> Iterator[None]:
 def gpu_section(lock_dir: str, ident: str, *, exclusive: bool) -> Iterator[None]:
     """Hold GPU ``ident``'s lock in ``lock_dir``: exclusive for timing, else shared. No-op
     without a lock dir (a lone process has nobody to exclude)."""
+    global _waited_s
     if not lock_dir:
         yield
         return
+    asked = time.perf_counter()
     turnstile = _open(lock_dir, f"gpu-{ident}.turnstile")
     lock = _open(lock_dir, f"gpu-{ident}.lock")
     try:
         with _held(turnstile, fcntl.LOCK_EX):
             fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        _waited_s += time.perf_counter() - asked
         try:
             yield
         finally:

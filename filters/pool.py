@@ -6,7 +6,10 @@ collects the verdict rows the worker streams back. A worker that dies (a candida
 stops answering within ``task_timeout_s + grace_s``, reports a CUDA error, or has served
 ``recycle_after`` candidates is replaced; the candidate it was running gets a verdict for the
 stage it was in (``worker_lost`` / ``timeout``). Everything runs on the calling thread with one
-``select`` loop, one call at a time (a lock serialises callers). bwrap's ``--die-with-parent``
+``select`` loop, one call at a time (a lock serialises callers). Batches can be queued ahead
+with ``submit`` from any thread; whichever call is driving the pool hands their candidates to
+workers that its own batch leaves idle, so consecutive shards do not each end with idle workers
+waiting for the shard's slowest candidate. bwrap's ``--die-with-parent``
 ties each worker to the thread that started it (Linux's parent-death signal is per thread):
 use a pool from threads that outlive it, e.g. the main thread or a long-lived executor's.
 """
@@ -57,6 +60,22 @@ MEASURE_STAGES = ("eager", "runtime")
 LOCK_DIR = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")
 
 
+@dataclass(eq=False)
+class Ticket:
+    """A queued batch: its jobs by id, what its check settings change from the pool's (the
+    pool's own are known once it has started), and the verdicts gathered so far (filled by
+    whichever call drives the pool)."""
+
+    jobs: dict[str, Job]
+    overrides: dict[str, Any]
+    progress: Progress | None = None
+    results: dict[str, list[Verdict]] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) >= len(self.jobs)
+
+
 class PoolError(RuntimeError):
     """The pool cannot run candidates at all (no worker starts)."""
 
@@ -86,14 +105,14 @@ def host_cores() -> int:
 
 
 def worker_count(cfg: FiltersConfig, device: str, cores: int, gpus: int) -> int:
-    """``cfg.workers``, or derived: host cores / cores_per_worker, and on CUDA at most
-    ``max_workers_per_gpu`` per GPU but at least one per GPU."""
+    """``cfg.workers``, or derived: host cores / cores_per_worker (cores_per_gpu_worker on
+    CUDA), and on CUDA at most ``max_workers_per_gpu`` per GPU but at least one per GPU."""
     if cfg.workers:
         return cfg.workers
-    by_cores = max(1, cores // cfg.cores_per_worker)
     if device == "cuda" and gpus:
+        by_cores = max(1, cores // cfg.cores_per_gpu_worker)
         return gpus * max(1, min(cfg.max_workers_per_gpu, by_cores // gpus))
-    return by_cores
+    return max(1, cores // cfg.cores_per_worker)
 
 
 def visible_gpus() -> list[str]:
@@ -150,6 +169,7 @@ class _Worker:
     buffer: bytearray = field(default_factory=bytearray)
     served: int = 0
     task: Job | None = None
+    ticket: Ticket | None = None
     deadline: float = 0.0
     stage: str = reasons.STAGES[0]
     stages: tuple[str, ...] = reasons.STAGES
@@ -186,6 +206,7 @@ class WorkerPool:
             "workers_started": 0,
             "workers_replaced": 0,
             "candidates": 0,
+            "retried_alone": 0,
         }
         self._workers: list[_Worker | None] = []
         self._retiring: list[tuple[_Worker, float]] = []
@@ -198,7 +219,10 @@ class WorkerPool:
         self._start_failures = 0
         self._start_failure_detail = ""
         self._serial = 0
-        self._finished: list[tuple[str, list[Verdict]]] = []
+        self._finished: list[tuple[Ticket, str, list[Verdict]]] = []
+        # Queued (batch, job) pairs, FIFO; any thread may queue, only the driving call takes.
+        self._queue: deque[tuple[Ticket, Job]] = deque()
+        self._queue_lock = threading.Lock()
         # One caller at a time: the pool already runs a call's tasks concurrently.
         self._lock = threading.RLock()
 
@@ -320,16 +344,41 @@ class WorkerPool:
         """Verdict rows per task id (execution stages in order, up to the first failure).
         Tasks with the same id are evaluated once. ``progress(done, total)`` is called after
         each finished task. Calls from several threads are serialised."""
+        return self.wait(self.submit(tasks, progress))
+
+    def submit(
+        self,
+        jobs: Iterable[Job],
+        progress: Progress | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> Ticket:
+        """Queue a batch without waiting (any thread); ``wait`` returns its verdicts. A call
+        already driving the pool starts these jobs on workers its own batch leaves idle."""
+        unique: dict[str, Job] = {}
+        for job in jobs:
+            unique.setdefault(job.id, job)
+        ticket = Ticket(unique, dict(overrides or {}), progress)
+        with self._queue_lock:
+            self._queue.extend((ticket, job) for job in unique.values())
+        return ticket
+
+    def wait(self, ticket: Ticket) -> dict[str, list[Verdict]]:
+        """Drive the pool until ``ticket``'s batch is done (from the thread that owns the pool,
+        see the module doc); then retry alone what ``retry_alone`` names. Per task id, in the
+        batch's order."""
         with self._lock:
-            return self._evaluate(tasks, progress, self._settings)
+            if ticket.jobs:
+                self.start()
+                self._drive(ticket, len(self._workers))
+                self._retry_alone(ticket)
+            return {task_id: ticket.results[task_id] for task_id in ticket.jobs}
 
     def measure(self, tasks: Iterable[Task]) -> dict[str, list[Verdict]]:
         """Run only eager and the timed runs (no window, no compile): the sizing probe. The
         ``runtime`` row's ``eager_ms_median``/``scaled_ms`` are the measurement; these rows
         are not filter verdicts."""
-        settings = {**self._settings, "stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
-        with self._lock:
-            return self._evaluate(tasks, None, settings)
+        overrides = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
+        return self.wait(self.submit(tasks, None, overrides))
 
     def run_harness(
         self,
@@ -341,38 +390,74 @@ class WorkerPool:
         """Run another sandboxed harness (``reasons.HARNESSES``) over jobs: anything with an
         ``id``, the ``code`` written to candidate.py and ``files`` (relative path -> text)
         written beside it. ``overrides`` replace this pool's check settings for these jobs."""
-        settings = {**self._settings, **overrides, "harness": harness}
-        reasons.stages_of(settings)  # an unknown harness fails here, not in every worker
-        with self._lock:
-            return self._evaluate(jobs, progress, settings)
+        overrides = {**overrides, "harness": harness}
+        reasons.stages_of(overrides)  # an unknown harness fails here, not in every worker
+        return self.wait(self.submit(jobs, progress, overrides))
 
-    def _evaluate(
-        self, tasks: Iterable[Job], progress: Progress | None, settings: dict[str, Any]
-    ) -> dict[str, list[Verdict]]:
-        unique: dict[str, Job] = {}
-        for task in tasks:
-            unique.setdefault(task.id, task)
-        if not unique:
-            return {}
-        self.start()
-        queue = deque(unique.values())
-        results: dict[str, list[Verdict]] = {}
-        self._finished = []
-        while len(results) < len(unique):
+    def _retry_alone(self, ticket: Ticket) -> None:
+        """Run again, one at a time and with nothing else running, the tasks whose verdict may
+        only say that other workers' candidates held the device's memory (``retry_alone``);
+        the lone run's verdict stands, and its last row keeps what the first run said. A
+        one-worker pool ran them alone already."""
+        retried = set(self.cfg.retry_alone)
+        again = {
+            task_id: job
+            for task_id, job in ticket.jobs.items()
+            if ticket.results[task_id] and ticket.results[task_id][-1].reason in retried
+        }
+        if not again or len(self._workers) < 2:
+            return
+        self.stats["retried_alone"] += len(again)
+        retry = Ticket(again, ticket.overrides)
+        with self._queue_lock:
+            self._queue.extendleft((retry, job) for job in reversed(again.values()))
+        self._drive(retry, 1, only=retry)
+        for task_id, rows in retry.results.items():
+            first = ticket.results[task_id][-1]
+            rows[-1].measures["first_run"] = {
+                "stage": first.stage,
+                "reason": first.reason,
+                "detail": first.detail[:300],
+                "concurrent_workers": len(self._workers),
+            }
+            ticket.results[task_id] = rows
+
+    def _drive(self, ticket: Ticket, parallel: int, only: Ticket | None = None) -> None:
+        """Feed queued jobs to idle workers (``only``'s, or any batch's in queue order), at most
+        ``parallel`` candidates running at once, until ``ticket`` is done."""
+        while not ticket.done:
+            busy = sum(1 for w in self._workers if w is not None and w.state == "busy")
             for worker in self._workers:
-                if worker is not None and worker.state == "idle" and queue:
-                    if not self._dispatch(worker, queue[0], settings):
-                        continue
-                    queue.popleft()
+                if busy >= parallel:
+                    break
+                if worker is None or worker.state != "idle":
+                    continue
+                item = self._take(only)
+                if item is None:
+                    break
+                if not self._dispatch(worker, item[1], item[0]):
+                    with self._queue_lock:
+                        self._queue.appendleft(item)
+                    continue
+                busy += 1
             self._pump(0.5)
             self._check_deadlines()
             self._refill()
-            for task_id, verdicts in self._finished:
-                results[task_id] = verdicts
-                if progress is not None:
-                    progress(len(results), len(unique))
-            self._finished = []
-        return {task_id: results[task_id] for task_id in unique}
+            finished, self._finished = self._finished, []
+            for owner, task_id, verdicts in finished:
+                owner.results[task_id] = verdicts
+                if owner.progress is not None:
+                    owner.progress(len(owner.results), len(owner.jobs))
+
+    def _take(self, only: Ticket | None) -> tuple[Ticket, Job] | None:
+        with self._queue_lock:
+            if only is None:
+                return self._queue.popleft() if self._queue else None
+            for item in self._queue:
+                if item[0] is only:
+                    self._queue.remove(item)
+                    return item
+        return None
 
     def calibrate(self) -> dict[str, float]:
         """Run ``filters.calibrate.calibration_benchmark`` on this pool's device, in a worker."""
@@ -466,9 +551,11 @@ class WorkerPool:
                 self.stats["workers_replaced"] += 1
         self._reap_retiring()
 
-    def _dispatch(self, worker: _Worker, task: Job, settings: dict[str, Any]) -> bool:
+    def _dispatch(self, worker: _Worker, task: Job, ticket: Ticket) -> bool:
+        settings = {**self._settings, **ticket.overrides}
         worker.state = "busy"
         worker.task = task
+        worker.ticket = ticket
         worker.stages = reasons.stages_of(settings)
         worker.stage = worker.stages[0]
         worker.verdicts = []
@@ -484,7 +571,7 @@ class WorkerPool:
         }
         if self._send(worker, message):
             return True
-        worker.task = None  # never reached the worker: not the candidate's fault, retry elsewhere
+        worker.task = worker.ticket = None  # never reached it: not the candidate's fault
         self._replace(worker)
         return False
 
@@ -565,9 +652,9 @@ class WorkerPool:
                 self._replace(worker)
 
     def _finish(self, worker: _Worker, rows: list[dict[str, Any]]) -> None:
-        assert worker.task is not None
-        task_id = worker.task.id
-        worker.task = None
+        assert worker.task is not None and worker.ticket is not None
+        task_id, ticket = worker.task.id, worker.ticket
+        worker.task = worker.ticket = None
         self.stats["candidates"] += 1
         device = f"{self.device}:{worker.info.get('device_name', '')}"
         torch_version = str(worker.info.get("torch_version", ""))
@@ -585,7 +672,7 @@ class WorkerPool:
             )
             for row in rows
         ]
-        self._finished.append((task_id, verdicts))
+        self._finished.append((ticket, task_id, verdicts))
 
     def _lost(self, worker: _Worker, reason: str, detail: str) -> None:
         """The worker is gone or hung: its candidate gets ``reason`` at the running stage."""

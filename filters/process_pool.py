@@ -22,6 +22,8 @@ from opsynth.config import FiltersConfig
 from opsynth.record import Task, Verdict
 
 CPUS_ENV = "OPSYNTH_CPUS"
+# The filters config and device (JSON) a local Dask worker starts its pool with (dask_setup).
+WARM_ENV = "OPSYNTH_WARM_POOL"
 
 _thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opsynth-pool")
 _state: dict[str, Any] = {"key": None, "pool": None}
@@ -49,6 +51,27 @@ def _env_gpus() -> list[str] | None:
     if env is None or not env.strip():
         return None
     return [x.strip() for x in env.split(",") if x.strip()]
+
+
+def warm_spec(cfg: FiltersConfig, device: str) -> str:
+    """The value of ``WARM_ENV`` that makes a worker process start the pool a shard with these
+    settings will ask for."""
+    return json.dumps({"filters": cfg.model_dump(mode="json"), "device": device})
+
+
+def dask_setup(worker: Any = None) -> tuple[FiltersConfig, str] | None:
+    """Dask's preload hook: start this process's pool as the worker starts, in the background,
+    so it is warm when the first shard arrives instead of starting then (a pool's sandboxed
+    workers take tens of seconds to import torch). Reads ``WARM_ENV``; without it, nothing.
+    A pool that fails to start here is started again, and its error raised, by the first
+    shard. Returns the settings it started the pool for."""
+    spec = os.environ.get(WARM_ENV)
+    if not spec:
+        return None
+    data = json.loads(spec)
+    cfg, device = FiltersConfig.model_validate(data["filters"]), str(data["device"])
+    _thread.submit(_pool_for, cfg, device)
+    return cfg, device
 
 
 def _pool_for(cfg: FiltersConfig, device: str) -> WorkerPool:
@@ -81,6 +104,8 @@ def evaluate(cfg: FiltersConfig, device: str, tasks: list[Task]) -> dict[str, li
 
 
 def stats() -> dict[str, Any]:
+    """The current pool's stats (waiting for a pool start in progress); {} without a pool."""
+    _thread.submit(lambda: None).result()
     pool = _state["pool"]
     return dict(pool.stats) if pool is not None else {}
 

@@ -166,7 +166,7 @@ def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str) -> dict:
     from flows.regenerate import regenerate
     from flows.runners import LocalOnly, task_runner
 
-    engine = task_runner(cfg.runner, device)
+    engine = task_runner(cfg.runner, device, cfg.filters)
     flow = regenerate.with_options(task_runner=engine) if engine is not None else regenerate
     with _progress_bar() as bar:
         return flow(str(run_dir.root), cfg, device, LocalOnly(_progress_callback(bar)))
@@ -194,7 +194,7 @@ def audit(
         from flows.audit import audit as audit_flow
         from flows.runners import LocalOnly, task_runner
 
-        engine = task_runner(cfg.runner, resolved)
+        engine = task_runner(cfg.runner, resolved, cfg.filters)
         flow = audit_flow.with_options(task_runner=engine) if engine is not None else audit_flow
         with _progress_bar() as bar:
             progress = LocalOnly(_progress_callback(bar))

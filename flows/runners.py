@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from filters.process_pool import CPUS_ENV, format_cpus
-from opsynth.config import RunnerConfig
+from filters.process_pool import CPUS_ENV, WARM_ENV, format_cpus, warm_spec
+from opsynth.config import FiltersConfig, RunnerConfig
 
 
 class RunnerError(RuntimeError):
@@ -45,20 +45,26 @@ def plan_workers(
 
 def local_dask_cluster(plans: list[dict[str, str]], **kwargs: Any):
     """A Dask cluster on this host with one single-threaded worker process per plan, each with
-    that plan's environment (prefect-dask calls this as its ``cluster_class``)."""
+    that plan's environment (prefect-dask calls this as its ``cluster_class``). One thread:
+    Prefect's client start-up in a worker is not thread-safe (two task threads starting at
+    once failed with "Server process did not start"), so shards do not overlap within a
+    worker."""
     from distributed import Nanny, Scheduler, SpecCluster
 
     local = {"host": "127.0.0.1", "dashboard": False}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False}}
+    options = {**local, "nthreads": 1, "preload": ["filters.process_pool"]}
     workers = {
-        f"opsynth-{i}": {"cls": Nanny, "options": {**local, "nthreads": 1, "env": env}}
+        f"opsynth-{i}": {"cls": Nanny, "options": {**options, "env": env}}
         for i, env in enumerate(plans)
     }
     return SpecCluster(workers=workers, scheduler=scheduler, **kwargs)
 
 
-def task_runner(runner: RunnerConfig, device: str):
-    """The flow's task runner for ``runner.kind``; None for local (Prefect's default)."""
+def task_runner(runner: RunnerConfig, device: str, filters: FiltersConfig | None = None):
+    """The flow's task runner for ``runner.kind``; None for local (Prefect's default). With
+    ``filters``, the workers of a local Dask cluster start their pools for those settings as
+    they start (``process_pool.dask_setup``), while the orchestrator is still prefiltering."""
     if runner.kind == "local":
         return None
     if runner.kind == "dask":
@@ -66,9 +72,29 @@ def task_runner(runner: RunnerConfig, device: str):
         if runner.address:
             return dask_runner(address=runner.address)
         plans = plan_workers(runner, device, sorted(os.sched_getaffinity(0)), _gpus(device))
+        if filters is not None:
+            plans = [{**env, WARM_ENV: warm_spec(filters, device)} for env in plans]
+        share_prefect_server()
         return dask_runner(cluster_class=local_dask_cluster, cluster_kwargs={"plans": plans})
     ray_runner = _runner_class("prefect_ray", "RayTaskRunner", "ray")
     return ray_runner(address=runner.address or None)
+
+
+def share_prefect_server() -> None:
+    """Start Prefect's temporary server now and hand its URL to the local cluster's workers.
+    They are new processes: without an API URL each starts a temporary server of its own on
+    its first task (seconds each, several servers on one SQLite file). Nothing to do when the
+    user set ``PREFECT_API_URL`` or turned the temporary server off. This process keeps using
+    the same server: Prefect keeps one temporary server per process."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url
 
 
 def _runner_class(module: str, name: str, kind: str):

@@ -11,7 +11,7 @@ import dataclasses
 import platform
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -29,6 +29,9 @@ from opsynth.store import (
     write_tasks,
     write_verdicts,
 )
+
+if TYPE_CHECKING:
+    from filters.pool import Ticket
 
 Progress = Callable[[str, int, int], None]
 
@@ -134,6 +137,26 @@ class LazyPool:
 
     def __init__(self, cfg: RunConfig, device: str) -> None:
         self.cfg, self.device, self.pool = cfg, device, None
+        self.queued: dict[tuple[str, ...], Ticket] = {}
+
+    def queue(self, shards: list[list[Task]], progress: Progress) -> None:
+        """Queue these shards' candidates on the pool now: workers then go from one shard to
+        the next instead of idling at each shard's end while its slowest candidate runs.
+        Each shard's verdicts are still collected, and written, shard by shard."""
+        counts = {"done": 0, "total": sum(len(shard) for shard in shards)}
+
+        def one_more(done: int, total: int) -> None:
+            counts["done"] += 1
+            progress("filter", counts["done"], counts["total"])
+
+        for shard in shards:
+            self.queued[tuple(t.id for t in shard)] = self.get().submit(shard, one_more)
+
+    def evaluate(self, shard: list[Task], progress: Progress) -> dict[str, list[Verdict]]:
+        ticket = self.queued.pop(tuple(t.id for t in shard), None)
+        if ticket is None:
+            return self.get().evaluate(shard, progress=lambda d, t: progress("filter", d, t))
+        return self.get().wait(ticket)
 
     def get(self):
         if self.pool is None:
@@ -167,7 +190,7 @@ def filter_shard_stage(
         ledger.note("filter-shard", True)
         progress("filter", len(shard), len(shard))
         return read_verdicts(path)
-    results = pool.get().evaluate(shard, progress=lambda d, t: progress("filter", d, t))
+    results = pool.evaluate(shard, progress)
     verdicts = [v for t in shard for v in results[t.id]]
     write_verdicts(verdicts, path)
     ledger.note("filter-shard", False)
@@ -327,6 +350,7 @@ def screen(
     shards = [survivors[start : start + size] for start in range(0, len(survivors), size)]
     if cfg.runner.kind != "local":
         return verdicts + scatter_shards(run, cfg, shards, device, ledger, progress)
+    pool.queue([s for s in shards if not shard_path(run, cfg, s, device).exists()], progress)
     for shard in shards:
         verdicts = verdicts + filter_shard_stage(run, cfg, shard, device, pool, ledger, progress)
     return verdicts

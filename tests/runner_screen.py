@@ -78,7 +78,7 @@ def main(out: str, kind: str) -> None:
         done = {"reused": ledger.reused, "computed": ledger.computed, "progress": len(reports)}
         return {"verdicts": rows, **done}
 
-    engine = task_runner(cfg.runner, "cpu")
+    engine = task_runner(cfg.runner, "cpu", cfg.filters)
     runnable = screen_flow.with_options(task_runner=engine) if engine else screen_flow
     print(json.dumps(runnable(LocalOnly(progress))))
 

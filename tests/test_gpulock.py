@@ -93,3 +93,22 @@ def test_waiting_timer_goes_before_later_readers(tmp_path: Path) -> None:
 def test_no_lock_dir_is_a_no_op() -> None:
     with gpu_section("", "gpu0", exclusive=True), gpu_section("", "gpu0", exclusive=True):
         pass
+
+
+def test_waiting_time_is_counted_in_this_process(tmp_path: Path) -> None:
+    """``waited_s`` grows by the time spent queueing behind a timer, and not by time held."""
+    import threading
+
+    from filters.gpulock import waited_s
+
+    s = Sections(tmp_path)
+    s.start("timer", exclusive=True)
+    assert s.wait_for("in", "timer")
+    before = waited_s()
+    threading.Timer(0.5, s.release["timer"].set).start()
+    with gpu_section(str(tmp_path), "gpu0", exclusive=False):
+        queued = waited_s() - before
+        time.sleep(0.3)
+    s.finish()
+    assert 0.4 <= queued < 5.0
+    assert waited_s() - before == queued

@@ -102,3 +102,30 @@ def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2 and "--runner must be local, dask or ray" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_dask_preload_starts_the_pool_the_first_shard_then_uses(monkeypatch) -> None:
+    """A local Dask worker starts its pool as it starts (``dask_setup``), from the settings in
+    its environment, and the first shard runs on that pool instead of starting another."""
+    from filters import process_pool
+    from filters.samples import task_source
+    from opsynth.config import FiltersConfig
+    from opsynth.record import Task
+
+    cfg = FiltersConfig(
+        workers=1, cache_dir=str(ROOT / ".cache" / "test-compile"), sandbox="rlimits"
+    )
+    task = Task(ops=["c"], data_source="torch#1", code=task_source("return x * 0 + 3"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv(process_pool.WARM_ENV, process_pool.warm_spec(cfg, "cpu"))
+    try:
+        assert process_pool.dask_setup() == (cfg, "cpu")
+        assert process_pool.stats()["workers_started"] == 1  # waits for the start in progress
+        results = process_pool.evaluate(cfg, "cpu", [task])
+        assert results[task.id][-1].reason == "constant_output"
+        stats = process_pool.stats()
+        assert stats["workers_started"] == 1 and stats["candidates"] == 1  # the same pool
+    finally:
+        process_pool.shutdown()
+    monkeypatch.delenv(process_pool.WARM_ENV)
+    assert process_pool.dask_setup() is None

@@ -51,8 +51,10 @@ def test_worker_count() -> None:
     assert worker_count(cfg.model_copy(update={"workers": 3}), "cpu", 64, 0) == 3
     assert worker_count(cfg, "cpu", 2, 0) == 1
     assert worker_count(cfg, "cpu", 16, 0) == 16 // cfg.cores_per_worker
-    assert worker_count(cfg, "cuda", 16, 1) == cfg.max_workers_per_gpu
-    assert worker_count(cfg, "cuda", 128, 8) == 8 * cfg.max_workers_per_gpu
+    assert worker_count(cfg, "cuda", 16, 1) == 16  # one core each: compile parallelism
+    assert worker_count(cfg, "cuda", 64, 1) == cfg.max_workers_per_gpu
+    assert worker_count(cfg, "cuda", 32, 2) == 32
+    assert worker_count(cfg, "cuda", 256, 8) == 8 * cfg.max_workers_per_gpu
     assert worker_count(cfg, "cuda", 4, 8) == 8  # at least one worker per GPU
 
 
@@ -129,3 +131,67 @@ def test_bwrap_command_hides_the_host() -> None:
     assert "/" not in binds and "/etc" not in binds and "/home" not in binds
     assert not any(b == "/root" or b.startswith("/root/.ssh") for b in binds)
     assert {sandbox.SANDBOX_CACHE, sandbox.SANDBOX_LOCKS} <= binds
+
+
+def oom_task(tag: str) -> Task:
+    """Runs out of memory in its first forward, whoever else is running."""
+    forward = 'raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")'
+    return Task(ops=[tag], data_source="torch#1", code=task_source(forward))
+
+
+class WatchedPool(WorkerPool):
+    """A real pool that notes how many candidates were running each time one is dispatched."""
+
+    def _dispatch(self, worker, task, ticket):  # type: ignore[no-untyped-def]
+        running = sum(1 for w in self._workers if w is not None and w.state == "busy")
+        self.log.append((task.id, running))
+        return super()._dispatch(worker, task, ticket)
+
+
+def test_oom_is_retried_alone_and_the_first_run_is_kept() -> None:
+    """An ``oom`` under concurrency may be another candidate's memory: the task runs again
+    with nothing else running, and that verdict stands with the first run recorded."""
+    tasks = [oom_task("a"), constant_task(7), oom_task("b")]
+    pool = WatchedPool(config(workers=2), "cpu")
+    pool.log = []
+    with pool:
+        results = pool.evaluate(tasks)
+        stats = dict(pool.stats)
+    assert [rows[-1].reason for rows in results.values()] == ["oom", "constant_output", "oom"]
+    for task in (tasks[0], tasks[2]):
+        first = results[task.id][-1].measures["first_run"]
+        assert first["reason"] == "oom" and first["concurrent_workers"] == 2
+        assert "Tried to allocate" in first["detail"]
+        dispatches = [running for task_id, running in pool.log if task_id == task.id]
+        assert len(dispatches) == 2 and dispatches[1] == 0  # the second run had the pool alone
+    assert "first_run" not in results[tasks[1].id][-1].measures
+    assert stats["retried_alone"] == 2
+    with WorkerPool(config(workers=1), "cpu") as lone:
+        alone = lone.evaluate(tasks[:1])
+        assert lone.stats["retried_alone"] == 0  # one worker: the first run was already alone
+    assert "first_run" not in alone[tasks[0].id][-1].measures
+
+
+def test_queued_batches_start_on_workers_the_driving_batch_leaves_idle() -> None:
+    """A shard queued with ``submit`` while another is being collected starts on the idle
+    worker at once, not after the first shard's slowest candidate; each batch still gets
+    exactly its own verdicts."""
+    slow = Task(
+        ops=["slow"],
+        data_source="torch#1",
+        code=task_source("return x * 0 + 1", init="import time; time.sleep(6)"),
+    )
+    quick = [constant_task(v) for v in (2, 3)]
+    pool = WatchedPool(config(workers=2), "cpu")
+    pool.log = []
+    with pool:
+        first = pool.submit([slow])
+        second = pool.submit(quick)
+        got_first = pool.wait(first)
+        ahead = len(second.results)  # finished while the first batch was being collected
+        got_second = pool.wait(second)
+    assert list(got_first) == [slow.id] and list(got_second) == [t.id for t in quick]
+    assert got_first[slow.id][-1].reason == "constant_output"
+    assert all(rows[-1].reason == "constant_output" for rows in got_second.values())
+    assert pool.log[:2] == [(slow.id, 0), (quick[0].id, 1)]  # dispatched side by side
+    assert ahead >= 1  # the quick ones ran during the slow one's six seconds

@@ -21,13 +21,14 @@ from opsynth.record import Verdict  # noqa: E402
 def test_stage_times_and_final_reasons() -> None:
     rows = [
         Verdict("a", "static", True, "ok"),
-        Verdict("a", "eager", True, "ok", elapsed_s=1.0),
+        Verdict("a", "eager", True, "ok", elapsed_s=1.0, measures={"gpu_lock_wait_s": 0.25}),
         Verdict("a", "compile", False, "compile_error", elapsed_s=4.0),
         Verdict("b", "eager", True, "ok", elapsed_s=3.0),
     ]
     times = stage_times(rows)
     assert set(times) == {"eager", "compile"}
-    assert times["eager"] == {"rows": 2, "total_s": 4.0, "median_s": 2.0}
+    assert times["eager"] == {"rows": 2, "total_s": 4.0, "median_s": 2.0, "lock_wait_s": 0.25}
+    assert times["compile"]["lock_wait_s"] == 0.0
     assert final_reasons(rows) == {"a": "compile_error", "b": "ok"}
 
 
@@ -81,3 +82,15 @@ def test_multi_gpu_comparison_separates_borderline_from_mismatch() -> None:
     assert result["identical"] == 1
     assert sorted(result["borderline"]) == ["b", "d"]  # near the 1 ms edge; a timeout
     assert result["mismatch"] == ["c"]  # 50 ms vs 0.5 ms is no borderline case
+
+
+def test_filter_span_counts_sandboxed_stages_only() -> None:
+    from benchmarks.multi_gpu import filter_span_s
+
+    def row(stage: str, at: str) -> dict:
+        return {"stage": stage, "created_at": f"2026-11-30T00:{at}+00:00"}
+
+    rows = [row("static", "50:00"), row("decontam", "50:01"), row("eager", "51:10")]
+    rows += [row("compile", "53:00"), row("runtime", "52:00")]
+    assert filter_span_s(rows) == 110.0  # 51:10 -> 53:00; the prefilter's rows do not count
+    assert filter_span_s(rows[:3]) is None
