@@ -283,6 +283,11 @@ class WorkerPool:
     def _close(self) -> None:
         for worker in self._workers:
             if worker is not None:
+                if worker.task is not None and worker.ticket is not None:
+                    # a queued-ahead batch's candidate, cut short: run again if it is waited for
+                    with self._queue_lock:
+                        self._queue.appendleft((worker.ticket, worker.task))
+                    worker.task = worker.ticket = None
                 self._retire(worker)
         deadline = time.monotonic() + 2.0
         for worker, _ in self._retiring:
@@ -448,6 +453,15 @@ class WorkerPool:
                 owner.results[task_id] = verdicts
                 if owner.progress is not None:
                     owner.progress(len(owner.results), len(owner.jobs))
+            if not ticket.done and not self._pending(ticket):
+                raise PoolError("a batch's candidates are neither queued nor running")
+
+    def _pending(self, ticket: Ticket) -> bool:
+        """Whether any of ``ticket``'s jobs is queued or running (else waiting is forever)."""
+        if any(w is not None and w.ticket is ticket for w in self._workers):
+            return True
+        with self._queue_lock:
+            return any(owner is ticket for owner, _ in self._queue)
 
     def _take(self, only: Ticket | None) -> tuple[Ticket, Job] | None:
         with self._queue_lock:

@@ -195,3 +195,22 @@ def test_queued_batches_start_on_workers_the_driving_batch_leaves_idle() -> None
     assert all(rows[-1].reason == "constant_output" for rows in got_second.values())
     assert pool.log[:2] == [(slow.id, 0), (quick[0].id, 1)]  # dispatched side by side
     assert ahead >= 1  # the quick ones ran during the slow one's six seconds
+
+
+def test_a_queued_batch_cut_short_by_close_runs_again_when_waited_for() -> None:
+    """Closing the pool kills candidates that a queued-ahead batch had running; waiting for
+    that batch later (the pool restarts) still gives every candidate its verdict."""
+    slow = Task(
+        ops=["slow2"],
+        data_source="torch#1",
+        code=task_source("return x * 0 + 1", init="import time; time.sleep(4)"),
+    )
+    pool = WorkerPool(config(workers=2), "cpu")
+    with pool:
+        first = pool.submit([constant_task(5)])
+        ahead = pool.submit([slow])
+        pool.wait(first)  # the slow candidate was dispatched alongside, and is still running
+        assert not ahead.done
+    got = pool.wait(ahead)  # after close: restarts the pool and runs the candidate again
+    pool.close()
+    assert got[slow.id][-1].reason == "constant_output"
