@@ -340,7 +340,7 @@ def table(s: dict[str, Any]) -> str:
         rows.append(
             (
                 f"stage {stage}: rows, total s, median s, GPU-lock wait s",
-                f"{t['rows']}, {t['total_s']}, {t['median_s']}, {t.get('lock_wait_s', 0)}",
+                f"{t['rows']}, {t['total_s']}, {t['median_s']}, {t['lock_wait_s']}",
             )
         )
     rows.append(("final reasons", ", ".join(f"{k} {v}" for k, v in p["final_reasons"].items())))

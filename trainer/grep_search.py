@@ -5,8 +5,8 @@ Python's ``re`` cannot be interrupted, so a pathological pattern would stall the
 thread for good. The toolbox picks the files (confined to the workdir) in its own process and
 hands them here; the child is killed at the deadline. Standard library only.
 
-    python -I -m trainer.grep_search < {"pattern", "files": [[path, rel]], "max_matches",
-                                         "line_chars", "max_bytes"}   -> JSON list of lines
+    stdin: {"pattern", "files": [[path, rel]], "max_matches", "line_chars", "max_bytes"}
+    stdout: a JSON list of lines (``run_search`` starts it isolated, ``python -I``)
 """
 
 from __future__ import annotations
