@@ -126,6 +126,20 @@ def stage_times(verdicts: list[Verdict]) -> dict[str, dict[str, float]]:
     }
 
 
+def device_init(verdicts: list[Verdict]) -> dict[str, float] | None:
+    """From the eager rows: the CUDA context's creation (median s) and what candidates waited
+    for it (median and total s); a prestarted child has it ready before its candidate starts."""
+    rows = [v.measures for v in verdicts if v.stage == "eager" and "device_wait_s" in v.measures]
+    if not rows:
+        return None
+    waits = [float(m["device_wait_s"]) for m in rows]
+    return {
+        "creation_median_s": round(statistics.median(float(m["device_init_s"]) for m in rows), 3),
+        "wait_median_s": round(statistics.median(waits), 3),
+        "wait_total_s": round(sum(waits), 1),
+    }
+
+
 def final_reasons(verdicts: list[Verdict] | list[dict[str, Any]]) -> dict[str, str]:
     """task id -> the reason of its last row (``ok`` for a task that passed every stage)."""
     last: dict[str, str] = {}
@@ -164,6 +178,7 @@ def pool_run(
         log(f"pool started ({pool.stats.get('workers')} workers)")
         sized = size(pool, composed, cfg, device) if composed else []
         size_s = time.perf_counter() - started
+        sizing_retry_s = float(pool.stats.get("retried_alone_s") or 0.0)
         everything = tasks + sized
         random.Random(seed).shuffle(everything)  # noise tasks land among compiling ones
         filter_start = time.perf_counter()
@@ -181,6 +196,7 @@ def pool_run(
         "start_s": started - start,
         "size_s": size_s,
         "filter_s": filter_s,
+        "filter_retry_s": float(stats.get("retried_alone_s") or 0.0) - sizing_retry_s,
         "stats": stats,
         "peak_rss_total_gb": memory.peak_total / 2**30,
         "peak_rss_process_gb": memory.peak_process / 2**30,
@@ -254,6 +270,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "workers": pool["stats"].get("workers"),
         "sandbox": pool["stats"].get("sandbox"),
         "compile_cache": "warm (shared)" if args.warm_cache else "cold (empty at start)",
+        "prestart_child": cfg.prestart_child,
         "candidates": counts | {"total": n, "kept": pool["kept"]},
         "pool": {
             "start_s": round(pool["start_s"], 1),
@@ -262,11 +279,18 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
             "per_minute": round(pool_rate, 1),
             "per_minute_with_start_and_sizing": round(n / e2e_s * 60, 1) if e2e_s else 0.0,
             "stage_times": stage_times(pool["verdicts"]),
+            "device_init": device_init(pool["verdicts"]),
             "final_reasons": dict(sorted(_count(pool_final.values()).items())),
             "peak_rss_total_gb": round(pool["peak_rss_total_gb"], 2),
             "peak_rss_process_gb": round(pool["peak_rss_process_gb"], 2),
             "workers_started": pool["stats"].get("workers_started"),
             "retried_alone": pool["stats"].get("retried_alone"),
+            "retried_alone_s": pool["stats"].get("retried_alone_s"),
+            "filter_retry_s": round(pool["filter_retry_s"], 1),
+            "children": {
+                k: pool["stats"].get(f"child_{k}")
+                for k in ("prestarted", "fresh", "replaced", "refused")
+            },
         },
         "naive": {
             "subset": done,
@@ -314,6 +338,15 @@ def table(s: dict[str, Any]) -> str:
         ),
         ("candidates", f"{c['total']} ({mix}); kept {c['kept']}"),
         ("compile cache", s["compile_cache"]),
+        (
+            "candidate processes: prestarted / fresh / replaced / refused",
+            " / ".join(str(v) for v in p["children"].values())
+            + ("" if s["prestart_child"] else " (prestart off)"),
+        ),
+        (
+            "re-run for memory (sizing + filters): tasks; seconds, of them in the filters",
+            f"{p['retried_alone']}; {p['retried_alone_s']}, {p['filter_retry_s']}",
+        ),
         ("pool: candidates/minute (filters)", f"**{p['per_minute']}** ({p['filter_s']} s)"),
         (
             "pool: incl. start and sizing",
@@ -343,6 +376,14 @@ def table(s: dict[str, Any]) -> str:
                 f"{t['rows']}, {t['total_s']}, {t['median_s']}, {t['lock_wait_s']}",
             )
         )
+    init = p["device_init"]
+    if init and s["device"] == "cuda":
+        rows.append(
+            (
+                "CUDA context: creation median s; candidates' wait median, total s",
+                f"{init['creation_median_s']}; {init['wait_median_s']}, {init['wait_total_s']}",
+            )
+        )
     rows.append(("final reasons", ", ".join(f"{k} {v}" for k, v in p["final_reasons"].items())))
     lines = ["| measure | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in rows]
@@ -369,6 +410,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--naive-budget-s", type=float, default=120.0, help="naive stops after")
     parser.add_argument("--noise", type=int, default=10, help="tasks of the noise measurement")
     parser.add_argument("--warm-cache", action="store_true", help="reuse the shared compile cache")
+    parser.add_argument(
+        "--no-prestart",
+        dest="prestart",
+        action="store_false",
+        help="fork each candidate's process only when it starts (filters.prestart_child off)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("throughput"))
     return parser.parse_args(argv)
@@ -380,7 +427,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(args.device)
     cache = "" if args.warm_cache else tempfile.mkdtemp(prefix="compile-cache-", dir=args.out)
-    cfg = FiltersConfig(workers=args.workers, cache_dir=cache)
+    cfg = FiltersConfig(workers=args.workers, cache_dir=cache, prestart_child=args.prestart)
     fixed, composed, counts = candidate_set(args)
     log(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}")
     pool = pool_run(fixed, composed, cfg, device, args.seed)

@@ -164,7 +164,7 @@ class Candidate:
         self.outputs: list[torch.Tensor] = []
         self.eager_ms: float | None = None
         self._l2_buffer: torch.Tensor | None = None
-        self.device_init = DeviceInit(self.device)
+        self.device_init = device_init_for(self.device)
 
     @property
     def cuda(self) -> bool:
@@ -215,14 +215,18 @@ class Candidate:
 
 
 class DeviceInit:
-    """Creates the CUDA context on a thread as soon as the candidate process starts. Every
-    candidate is a fresh process, so each pays for a context (2.06 s median on an H200 with
-    16 workers creating theirs at the same time); on a thread it
-    overlaps importing and building the model on the CPU, and it happens before, not inside,
-    the GPU lock's shared section that moves the model (a queued timer would wait for it)."""
+    """Creates the CUDA context on a thread. Every candidate is a fresh process, so each needs
+    a context of its own (2.06 s median on an H200 with 16 workers creating theirs at the same
+    time). The worker starts this in its prestarted child while the previous candidate still
+    runs (``start_device_init``), so a candidate usually finds its context ready; otherwise the
+    candidate starts it, where it overlaps importing and building the model on the CPU. Either
+    way it happens before, not inside, the GPU lock's shared section that moves the model (a
+    queued timer would wait for it)."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.seconds = 0.0
+        self.failed = False
         self._thread: threading.Thread | None = None
         if device.type == "cuda":
             self._thread = threading.Thread(target=self._run, args=(device,), daemon=True)
@@ -230,15 +234,40 @@ class DeviceInit:
 
     def _run(self, device: torch.device) -> None:
         start = time.perf_counter()
-        # a failure here resurfaces, with its message, at the candidate's first CUDA call
-        with contextlib.suppress(BaseException):
+        try:
             torch.zeros(1, device=device)
+        except BaseException:
+            # the failure resurfaces, with its message, at the candidate's first CUDA call
+            self.failed = True
         self.seconds = time.perf_counter() - start
 
+    @property
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
     def wait(self) -> float:
+        """Seconds spent waiting here (0 when the context was ready)."""
+        start = time.perf_counter()
         if self._thread is not None:
             self._thread.join()
-        return self.seconds
+        return time.perf_counter() - start
+
+
+_early_init: DeviceInit | None = None
+
+
+def start_device_init(device: str) -> DeviceInit:
+    """Start creating the CUDA context now, in a child forked ahead of its candidate; the
+    candidate's ``Candidate`` then takes this one over instead of starting its own."""
+    global _early_init
+    _early_init = DeviceInit(torch.device(device))
+    return _early_init
+
+
+def device_init_for(device: torch.device) -> DeviceInit:
+    if _early_init is not None and _early_init.device == device:
+        return _early_init
+    return DeviceInit(device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,7 +300,7 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
         if not isinstance(model, torch.nn.Module):
             raise Fail("init_error", f"Model(...) is a {type(model).__name__}, not an nn.Module")
         build_s = time.perf_counter() - start
-        device_init_s = c.device_init.wait()
+        device_wait_s = c.device_init.wait()
         with c.gpu_shared():
             c.model = model.to(c.device)
             c.sync()
@@ -317,7 +346,8 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
         "import_s": round(import_s, 4),
         "init_s": round(init_s, 4),
         "build_s": round(build_s, 4),
-        "device_init_s": round(device_init_s, 4),
+        "device_init_s": round(c.device_init.seconds, 4),
+        "device_wait_s": round(device_wait_s, 4),
         "first_forward_ms": round(first_ms, 4),
         "parameters": sum(p.numel() for p in c.model.parameters()),
         "inputs": [_describe_value(x) for x in c.inputs],
@@ -430,6 +460,10 @@ def stage_runtime(c: Candidate) -> dict[str, Any]:
         "window_ms": [lo, hi],
         "device_name": _device_name(c),
     }
+    if c.cuda:
+        # what the task needs of the device (its tensors + the L2 flush buffer), for audits and
+        # for judging how many such tasks share a GPU
+        measures["device_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     if scaled < lo:
         raise Fail("too_fast", f"eager median {scaled:.4g} ms < {lo} ms", **measures)
     if scaled > hi:
@@ -582,7 +616,8 @@ def classify(exc: BaseException, default: str) -> str:
         return "oom"
     text = str(exc)
     lowered = text.lower()
-    if "out of memory" in lowered or "can't allocate memory" in lowered:
+    # cuBLAS/cuDNN/cuFFT handles that cannot get their workspace: the device is out of memory
+    if "out of memory" in lowered or "can't allocate memory" in lowered or "ALLOC_FAILED" in text:
         return "oom"
     cuda_markers = (
         "CUDA error",

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from filters import reasons, sandbox
+from filters import reasons, retry, sandbox
 from opsynth.config import FiltersConfig
 from opsynth.record import Task, Verdict
 
@@ -207,6 +207,12 @@ class WorkerPool:
             "workers_replaced": 0,
             "candidates": 0,
             "retried_alone": 0,
+            "retried_alone_s": 0.0,
+            # How each candidate's process was started (filters.worker, ``last_child``).
+            "child_prestarted": 0,
+            "child_fresh": 0,
+            "child_replaced": 0,
+            "child_refused": 0,
         }
         self._workers: list[_Worker | None] = []
         self._retiring: list[tuple[_Worker, float]] = []
@@ -400,10 +406,12 @@ class WorkerPool:
         return self.wait(self.submit(jobs, progress, overrides))
 
     def _retry_alone(self, ticket: Ticket) -> None:
-        """Run again, one at a time and with nothing else running, the tasks whose verdict may
-        only say that other workers' candidates held the device's memory (``retry_alone``);
-        the lone run's verdict stands, and its last row keeps what the first run said. A
-        one-worker pool ran them alone already."""
+        """Run again, with nothing else running, the tasks whose verdict may only say that
+        other workers' candidates held the device's memory (``retry_alone``). Tasks whose
+        measured needs fit the device together share a wave (``filters.retry``); one that fails
+        the same way in a shared wave runs once more truly alone. The last run's verdict
+        stands, and its last row keeps what the first run said. A one-worker pool ran them
+        alone already."""
         retried = set(self.cfg.retry_alone)
         again = {
             task_id: job
@@ -413,19 +421,53 @@ class WorkerPool:
         if not again or len(self._workers) < 2:
             return
         self.stats["retried_alone"] += len(again)
-        retry = Ticket(again, ticket.overrides)
-        with self._queue_lock:
-            self._queue.extendleft((retry, job) for job in reversed(again.values()))
-        self._drive(retry, 1, only=retry)
-        for task_id, rows in retry.results.items():
-            first = ticket.results[task_id][-1]
-            rows[-1].measures["first_run"] = {
-                "stage": first.stage,
-                "reason": first.reason,
-                "detail": first.detail[:300],
+        start = time.monotonic()
+        first = {task_id: ticket.results[task_id][-1] for task_id in again}
+        needs = {task_id: retry.memory_need_gib(first[task_id].detail) for task_id in again}
+        waves = retry.retry_waves(needs, self._retry_budget_gib())
+        shared: dict[str, int] = {}
+        for wave in waves:
+            results = self._run_wave({task_id: again[task_id] for task_id in wave}, ticket)
+            for task_id, rows in results.items():
+                shared[task_id] = len(wave)
+                ticket.results[task_id] = rows
+        again_alone = [
+            task_id
+            for task_id, size in shared.items()
+            if size > 1 and ticket.results[task_id][-1].reason in retried
+        ]
+        for task_id in again_alone:
+            ticket.results.update(self._run_wave({task_id: again[task_id]}, ticket))
+            shared[task_id] = 1
+        self.stats["retried_alone_s"] += round(time.monotonic() - start, 3)
+        for task_id, size in shared.items():
+            row = first[task_id]
+            ticket.results[task_id][-1].measures["first_run"] = {
+                "stage": row.stage,
+                "reason": row.reason,
+                "detail": row.detail[:300],
                 "concurrent_workers": len(self._workers),
+                "retry_wave": size,
             }
-            ticket.results[task_id] = rows
+
+    def _run_wave(self, jobs: dict[str, Job], ticket: Ticket) -> dict[str, list[Verdict]]:
+        """``jobs`` side by side, with nothing else dispatched until they are done."""
+        wave = Ticket(jobs, ticket.overrides)
+        with self._queue_lock:
+            self._queue.extendleft((wave, job) for job in reversed(jobs.values()))
+        self._drive(wave, len(jobs), only=wave)
+        return wave.results
+
+    def _retry_budget_gib(self) -> float | None:
+        """Device memory the retried tasks' measured needs may fill at once; None on CPU."""
+        sizes = [
+            int(w.info.get("memory_bytes") or 0)
+            for w in self._workers
+            if w is not None and w.info.get("memory_bytes")
+        ]
+        if self.device != "cuda" or not sizes:
+            return None
+        return min(sizes) / 2**30 * self.cfg.retry_memory_fraction
 
     def _drive(self, ticket: Ticket, parallel: int, only: Ticket | None = None) -> None:
         """Feed queued jobs to idle workers (``only``'s, or any batch's in queue order), at most
@@ -526,6 +568,7 @@ class WorkerPool:
             tmp_bytes=self._tmp_bytes(),
             in_fd=to_r,
             out_fd=from_w,
+            prestart=self.cfg.prestart_child,
         )
         env = sandbox.worker_env(
             paths=paths, kind=self._kind, threads=self._threads, cuda_visible=gpu
@@ -659,6 +702,9 @@ class WorkerPool:
         elif kind == "started":
             worker.child_pid = int(event.get("pid") or 0) or None
         elif kind == "result":
+            child = f"child_{event.get('child')}"
+            if child in self.stats:
+                self.stats[child] += 1
             self._finish(worker, list(event.get("verdicts") or []))
             worker.served += 1
             worker.state = "idle"

@@ -127,8 +127,9 @@ def worker_env(
     return env
 
 
-def worker_command(*, in_fd: int, out_fd: int, device: str) -> list[str]:
+def worker_command(*, in_fd: int, out_fd: int, device: str, prestart: bool) -> list[str]:
     """The worker's own command line (inside the sandbox or not)."""
+    flags = ["--prestart"] if prestart else []
     return [
         sys.executable,
         "-P",  # never put the working directory (the candidate's /tmp) on sys.path
@@ -144,6 +145,7 @@ def worker_command(*, in_fd: int, out_fd: int, device: str) -> list[str]:
         device,
         "--host-pidns",
         host_pidns(),
+        *flags,
     ]
 
 
@@ -208,9 +210,16 @@ def package_binds(packages: tuple[str, ...]) -> list[str]:
 
 
 def launch_argv(
-    *, kind: str, paths: Paths, device: str, tmp_bytes: int, in_fd: int, out_fd: int
+    *,
+    kind: str,
+    paths: Paths,
+    device: str,
+    tmp_bytes: int,
+    in_fd: int,
+    out_fd: int,
+    prestart: bool,
 ) -> list[str]:
-    command = worker_command(in_fd=in_fd, out_fd=out_fd, device=device)
+    command = worker_command(in_fd=in_fd, out_fd=out_fd, device=device, prestart=prestart)
     if kind == "bwrap":
         return [*bwrap_prefix(paths=paths, device=device, tmp_bytes=tmp_bytes), "--", *command]
     return command

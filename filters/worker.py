@@ -1,13 +1,22 @@
 """The warm worker: imports torch once, then forks one short-lived child per candidate.
 
-Run as ``python -P -m filters.worker --in FD --out FD --device cpu|cuda --host-pidns NS`` inside
-the sandbox (see ``filters.sandbox``). It speaks JSON lines with the orchestrator over the two
-inherited pipe fds, never over stdout.
+Run as ``python -P -m filters.worker --in FD --out FD --device cpu|cuda --host-pidns NS
+[--prestart]`` inside the sandbox (see ``filters.sandbox``). It speaks JSON lines with the
+orchestrator over the two inherited pipe fds, never over stdout.
 
 Why a child per candidate: a candidate may patch torch, leak threads or memory, or poison a
 CUDA context; all of that dies with its child, and the next candidate starts from the clean
 parent. The parent never initialises CUDA (a forked child cannot use a CUDA context created
 before the fork), so each child initialises the device itself.
+
+Why a prestarted child (``--prestart``): creating a CUDA context takes seconds when many
+workers share a GPU. So while one candidate runs, the worker forks the next child, which
+creates its context and then waits, having run nothing else, for its job on a private pipe.
+The running candidate cannot get at it: children are non-dumpable (no /proc/PID/mem, no
+ptrace), the waiting child holds none of the running one's fds, and the watchdog leaves it
+out of the candidate's census and kill. What a candidate *can* do, kill or stop it, is caught
+before use: a waiting child that is gone, stopped, or does not accept its job within
+``HANDSHAKE_S`` is discarded and the job goes to a freshly forked one.
 
 The child: starts a new session, gets rlimits (address space on CPU only, since CUDA maps a
 huge virtual range; CPU time; file size; processes), has stdout/stderr sent to a file in its
@@ -42,6 +51,8 @@ from filters import reasons
 
 Emit = Callable[[dict[str, Any]], None]
 Target = Callable[[Emit], None]
+# The child's report of having read its job: it has run nothing of the job yet.
+ACCEPTED = b'{"event": "accepted"}\n'
 
 # How often the parent checks the child's clock, processes, memory and output (seconds).
 POLL_S = 0.02
@@ -51,6 +62,10 @@ HOST_CENSUS_S = 0.1
 MAX_LINE_BYTES = 4 << 20
 # Seconds to wait for killed processes to be reaped before giving up on this worker.
 REAP_S = 10.0
+# A waiting child accepts its job within this, or it is discarded for a fresh one.
+HANDSHAKE_S = 10.0
+# How long the kill after a candidate spares the waiting child before killing everything.
+SPARE_KILL_S = 2.0
 OUTPUT_TAIL_CHARS = 500
 CODE_FILE = "candidate.py"
 LOG_FILE = "output.log"
@@ -71,13 +86,46 @@ def _prctl(option: int, value: int) -> None:
         libc.prctl(option, value, 0, 0, 0)
 
 
+class _Child:
+    """A forked child as the parent sees it: its pid and the parent's ends of its two pipes
+    (the job it is sent, the reports it writes)."""
+
+    def __init__(self, pid: int, go_fd: int, report_fd: int, registry: set[int]) -> None:
+        self.pid = pid
+        self.go_fd = go_fd
+        self.report_fd = report_fd
+        self.reaped = False
+        self._registry = registry
+        registry.update((go_fd, report_fd))
+
+    def close(self) -> None:
+        for fd in (self.go_fd, self.report_fd):
+            if fd in self._registry:
+                self._registry.discard(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
 class Worker:
     """One worker process: the protocol loop, the child runner and the watchdog."""
 
     def __init__(
-        self, in_fd: int, out_fd: int, device: str, host_pidns: str, preimport: bool = True
+        self,
+        in_fd: int,
+        out_fd: int,
+        device: str,
+        host_pidns: str,
+        preimport: bool = True,
+        prestart: bool = False,
     ) -> None:
         self.preimport = preimport
+        self.prestart = prestart
+        # The prestarted child, waiting for its job; and the parent-side fds of all children.
+        self._spare: _Child | None = None
+        self._child_fds: set[int] = set()
+        # How the last child started: prestarted, fresh (none was waiting), replaced (the
+        # waiting one was gone or stopped) or refused (it did not accept the job).
+        self.last_child = ""
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.device = device
@@ -116,8 +164,9 @@ class Worker:
 
         self.checks = checks
         import_s = time.perf_counter() - start
-        info, failure, _ = self.run_child(self._probe_target, {"device": self.device})
+        info, failure, _ = self.run_child({"kind": "probe", "settings": {"device": self.device}})
         if failure and self.preimport and FORK_POISONED in failure[1]:
+            self._discard_spare()
             # Start over as a fresh process that imports only torch before forking.
             os.execv(sys.executable, [*sys.orig_argv, "--no-preimport"])
         ready: dict[str, Any] = {
@@ -131,22 +180,21 @@ class Worker:
             reason, detail = failure or ("crashed", "device probe reported nothing")
             ready["error"] = f"device probe failed ({reason}): {detail}"
         self.send(ready)
-        while True:
-            line = self._reader.readline()
-            if not line:
-                return
-            message = json.loads(line)
-            op = message.get("op")
-            if op == "eval":
-                self.send(self.evaluate(message))
-            elif op == "calibrate":
-                self.send(self.calibrate(message))
-            elif op == "exit":
-                return
-
-    def _probe_target(self, emit: Emit) -> None:
-        emit({"event": "info", **self.checks.device_info(self.device)})
-        emit({"event": "done"})
+        try:
+            while True:
+                line = self._reader.readline()
+                if not line:
+                    return
+                message = json.loads(line)
+                op = message.get("op")
+                if op == "eval":
+                    self.send(self.evaluate(message))
+                elif op == "calibrate":
+                    self.send(self.calibrate(message))
+                elif op == "exit":
+                    return
+        finally:
+            self._discard_spare()
 
     # ------------------------------------------------------------------------ operations
 
@@ -172,16 +220,9 @@ class Worker:
             elif kind == "started":
                 self.send({"event": "started", "task_id": task_id, "pid": event["pid"]})
 
-        def target(emit: Emit) -> None:
-            if settings.get("harness") == "evaluator":
-                from evaluator.harness import run_solution
-
-                run_solution(os.getcwd(), settings, emit)
-            else:
-                self.checks.run_candidate(os.path.join(os.getcwd(), CODE_FILE), settings, emit)
-
         files = message.get("files") or {}
-        _, failure, clean = self.run_child(target, settings, on_event, code=code, files=files)
+        job = {"kind": "eval", "settings": settings}
+        _, failure, clean = self.run_child(job, on_event, code=code, files=files)
         complete = len(verdicts) == len(stages) or bool(verdicts and not verdicts[-1]["passed"])
         if not complete:
             # The stage that was running; if it had already reported a pass, the next one.
@@ -199,37 +240,63 @@ class Worker:
                 }
             )
         replace = not clean or any(v["reason"] == "cuda_error" for v in verdicts)
-        return {"event": "result", "task_id": task_id, "verdicts": verdicts, "replace": replace}
+        return {
+            "event": "result",
+            "task_id": task_id,
+            "verdicts": verdicts,
+            "replace": replace,
+            "child": self.last_child,
+        }
 
     def calibrate(self, message: dict[str, Any]) -> dict[str, Any]:
-        def target(emit: Emit) -> None:
-            from filters.calibrate import calibration_benchmark
-
-            emit({"event": "calibration", "results": calibration_benchmark(self.device)})
-            emit({"event": "done"})
-
-        result, failure, clean = self.run_child(target, message.get("settings", {}))
+        job = {"kind": "calibrate", "settings": message.get("settings", {})}
+        result, failure, clean = self.run_child(job)
         reply: dict[str, Any] = {"event": "calibration", "results": result.get("results", {})}
         if failure:
             reply["error"] = f"{failure[0]}: {failure[1]}"
         reply["replace"] = not clean
         return reply
 
+    def _target(self, job: dict[str, Any]) -> Target:
+        """What a child runs for ``job``; built in the child, which may have been forked before
+        its job was known."""
+        kind, settings = job["kind"], job["settings"]
+
+        def probe(emit: Emit) -> None:
+            emit({"event": "info", **self.checks.device_info(self.device)})
+            emit({"event": "done"})
+
+        def calibrate(emit: Emit) -> None:
+            from filters.calibrate import calibration_benchmark
+
+            emit({"event": "calibration", "results": calibration_benchmark(self.device)})
+            emit({"event": "done"})
+
+        def evaluate(emit: Emit) -> None:
+            if settings.get("harness") == "evaluator":
+                from evaluator.harness import run_solution
+
+                run_solution(os.getcwd(), settings, emit)
+            else:
+                self.checks.run_candidate(os.path.join(os.getcwd(), CODE_FILE), settings, emit)
+
+        return {"probe": probe, "calibrate": calibrate, "eval": evaluate}[kind]
+
     # ------------------------------------------------------------------------ child runner
 
     def run_child(
         self,
-        target: Target,
-        settings: dict[str, Any],
+        job: dict[str, Any],
         on_event: Callable[[dict[str, Any]], None] | None = None,
         code: str | None = None,
         files: dict[str, str] | None = None,
     ) -> tuple[dict[str, Any], tuple[str, str] | None, bool]:
-        """Fork a child that runs ``target(emit)``; supervise it until it reports ``done``,
-        dies, or crosses a limit; then kill everything it started. Returns the merged payload
-        of its ``info``-like events, the failure (reason, detail) if it did not finish, and
-        whether every process it started was reaped."""
+        """Run ``job`` in a child (the prestarted one, or a fresh fork); supervise it until it
+        reports ``done``, dies, or crosses a limit; then kill everything it started. Returns
+        the merged payload of its ``info``-like events, the failure (reason, detail) if it did
+        not finish, and whether every process it started was reaped."""
         self.count += 1
+        settings = job["settings"]
         # A fixed path (wiped between candidates): compile caches key on source file names.
         workdir = os.path.join(self.tmp, "candidate")
         os.makedirs(workdir, exist_ok=True)
@@ -242,18 +309,34 @@ class Worker:
             with open(path, "w") as fh:
                 fh.write(text)
         log_path = os.path.join(workdir, LOG_FILE)
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            self._child(target, settings, read_fd, write_fd, workdir, log_path)
-        os.close(write_fd)
-        if on_event:
-            on_event({"event": "started", "pid": pid})
+        job = {**job, "workdir": workdir, "log_path": log_path}
+        child, spare, self._spare = self._spare, True, None
+        self.last_child = "prestarted"
+        if child is None or not self._waiting(child):
+            self.last_child = "fresh" if child is None else "replaced"
+            self._discard(child)
+            child, spare = self._fork_child(), False
+        started = self._hand_over(child, job, refusable=spare)
+        if started is None and spare:
+            self.last_child = "refused"
+            self._discard(child)
+            child = self._fork_child()
+            started = self._hand_over(child, job, refusable=False)
+        if self.prestart:
+            with contextlib.suppress(OSError):  # no fork to spare (a process limit): go without
+                self._spare = self._fork_child()
+        payload: dict[str, Any] = {}
+        failure: tuple[str, str] | None = ("filter_error", "the candidate process did not start")
         try:
-            payload, failure = self._supervise(pid, read_fd, settings, log_path, on_event)
+            if started is not None:
+                if on_event:
+                    on_event({"event": "started", "pid": child.pid})
+                payload, failure = self._supervise(
+                    child.pid, child.report_fd, settings, log_path, on_event, started
+                )
         finally:
-            os.close(read_fd)
-            clean = self._kill_all(pid)
+            child.close()
+            clean = self._kill_all(child.pid)
         if failure and failure[0] in ("crashed", "exited"):
             tail = _tail(log_path)
             if tail:
@@ -261,36 +344,110 @@ class Worker:
         self._wipe()
         return payload, failure, clean
 
+    # ------------------------------------------------------------------------ children
+
+    def _fork_child(self) -> _Child:
+        """Fork a child that waits for its job; on CUDA it creates its context meanwhile."""
+        go_read, go_write = os.pipe()
+        report_read, report_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            self._child(go_read, report_write, [go_write, report_read])
+        os.close(go_read)
+        os.close(report_write)
+        return _Child(pid, go_write, report_read, self._child_fds)
+
+    def _waiting(self, child: _Child) -> bool:
+        """The prestarted child is alive and not stopped (a candidate could have done either)."""
+        try:
+            if os.waitpid(child.pid, os.WNOHANG)[0]:
+                child.reaped = True
+                return False
+        except ChildProcessError:
+            child.reaped = True
+            return False
+        return _state(child.pid) not in ("", "T", "t", "Z", "X")
+
+    def _hand_over(self, child: _Child, job: dict[str, Any], *, refusable: bool) -> bytes | None:
+        """Send ``job``; wait for the child to accept it. The bytes it reported after
+        accepting, or None if it did not (gone, stopped, or its CUDA init failed)."""
+        try:
+            _write_all(child.go_fd, (json.dumps({**job, "refusable": refusable}) + "\n").encode())
+        except OSError:
+            return None
+        received = b""
+        deadline = time.monotonic() + HANDSHAKE_S
+        while len(received) < len(ACCEPTED):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([child.report_fd], [], [], left)[0]:
+                return None
+            chunk = os.read(child.report_fd, 1 << 16)
+            if not chunk:
+                return None
+            received += chunk
+        if not received.startswith(ACCEPTED):
+            return None
+        return received[len(ACCEPTED) :]
+
+    def _discard(self, child: _Child | None) -> None:
+        if child is None:
+            return
+        child.close()
+        if not child.reaped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+            deadline = time.monotonic() + REAP_S
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(child.pid, os.WNOHANG)[0]:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.005)
+            child.reaped = True
+
+    def _discard_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        self._discard(spare)
+
     def _child(
-        self,
-        target: Target,
-        settings: dict[str, Any],
-        read_fd: int,
-        write_fd: int,
-        workdir: str,
-        log_path: str,
+        self, go_fd: int, report_fd: int, parent_fds: list[int]
     ) -> None:  # pragma: no cover - runs in the child
         status = 0
         try:
             os.setsid()
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            for fd in (read_fd, self.in_fd, self.out_fd):
-                os.close(fd)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(null)
-            os.close(log)
+            # Default dispositions first: a signal the running candidate sends us now takes
+            # effect at once, so the parent sees it before handing us a job.
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGXFSZ, signal.SIGXCPU):
                 signal.signal(sig, signal.SIG_DFL)
+            # Our own parent-side ends, and those of every other child (the running candidate's).
+            for fd in (*parent_fds, *self._child_fds, self.in_fd, self.out_fd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.close(null)
+            early = self.checks.start_device_init(self.device)
+            job = _read_job(go_fd)
+            if job is None:
+                os._exit(0)
+            if job["refusable"] and early.done and early.failed:
+                os._exit(75)  # refused: the parent hands the job to a fresh child
+            _write_all(report_fd, ACCEPTED)
+            settings = job["settings"]
+            workdir = job["workdir"]
+            log = os.open(job["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
             _apply_limits(settings, self.device)
             os.chdir(workdir)
             os.environ["TMPDIR"] = workdir
-            emitter = _Emitter(write_fd)
+            emitter = _Emitter(report_fd)
             try:
-                target(emitter.emit)
+                self._target(job)(emitter.emit)
             except BaseException:
                 emitter.emit({"event": "error", "detail": traceback.format_exc()[-1500:]})
                 raise
@@ -308,6 +465,7 @@ class Worker:
         settings: dict[str, Any],
         log_path: str,
         on_event: Callable[[dict[str, Any]], None] | None,
+        initial: bytes = b"",
     ) -> tuple[dict[str, Any], tuple[str, str] | None]:
         timeout = float(settings.get("task_timeout_s", 60.0))
         deadline = time.monotonic() + timeout
@@ -341,6 +499,8 @@ class Worker:
                     on_event(event)
             return False
 
+        if initial and consume(initial):
+            return payload, None
         while True:
             if pipe_open:
                 ready, _, _ = select.select([read_fd], [], [], POLL_S)
@@ -373,14 +533,16 @@ class Worker:
     # ------------------------------------------------------------------------ watchdog
 
     def _census(self, pid: int) -> list[tuple[int, int, int]]:
-        """(pid, threads, rss pages) of every process the candidate started."""
+        """(pid, threads, rss pages) of every process the candidate started (not the
+        prestarted child, which is ours and has run nothing of the candidate's)."""
         me = os.getpid()
+        spare = self._spare.pid if self._spare else None
         found = []
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
             proc = int(name)
-            if proc == me or (self.private_pidns and proc == 1):
+            if proc in (me, spare) or (self.private_pidns and proc == 1):
                 continue
             stat = _stat(proc)
             if stat is None:
@@ -413,20 +575,44 @@ class Worker:
         return None
 
     def _kill_all(self, pid: int) -> bool:
-        """Kill every process the candidate started and reap them; False if some would not die."""
+        """Kill every process the candidate started and reap them; False if some would not die.
+        The prestarted child is spared for ``SPARE_KILL_S``; if the candidate's processes are
+        not all gone by then (a fork bomb racing the census), it goes too, and in a private
+        PID namespace one ``kill(-1)`` takes everything at once."""
         deadline = time.monotonic() + REAP_S
+        spare_until = time.monotonic() + SPARE_KILL_S
         while True:
-            if self.private_pidns:
+            if self._spare and time.monotonic() >= spare_until:
+                self._discard_spare()
+            if self.private_pidns and not self._spare:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(-1, signal.SIGKILL)  # everything in our PID namespace but us and init
             else:
                 for proc, _, _ in self._census(pid):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(proc, signal.SIGKILL)
-            if _reap_all(min(deadline, time.monotonic() + 0.5)):
+            if self._reap(pid, min(deadline, time.monotonic() + 0.5)):
                 return True
             if time.monotonic() >= deadline:
                 return False
+
+    def _reap(self, pid: int, deadline: float) -> bool:
+        """Reap killed processes until none of the candidate's is left (True) or ``deadline``."""
+        while True:
+            try:
+                reaped, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if reaped:
+                if self._spare and reaped == self._spare.pid:
+                    self._spare.reaped = True
+                    self._discard_spare()
+                continue
+            if self._spare and not self._census(pid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
 
     def _wipe(self) -> None:
         """Empty the temp dirs between candidates so nothing one leaves is seen by the next."""
@@ -519,16 +705,26 @@ def _stat(pid: int) -> tuple[int, int, int, int, int] | None:
         return None
 
 
-def _reap_all(deadline: float) -> bool:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return True
-        if pid == 0:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
+def _state(pid: int) -> str:
+    """The process state letter from /proc/PID/stat ("" if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return ""
+    return raw[raw.rfind(b")") + 2 :][:1].decode()
+
+
+def _read_job(fd: int) -> dict[str, Any] | None:  # pragma: no cover - child
+    """The child's job: one JSON line on its go pipe; None when the parent closed it."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return None
+        data += chunk
+    os.close(fd)
+    return json.loads(data)
 
 
 def _exit_failure(status: int, log_path: str, settings: dict[str, Any]) -> tuple[str, str]:
@@ -614,6 +810,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--host-pidns", default="")
     parser.add_argument("--no-preimport", dest="preimport", action="store_false")
+    parser.add_argument("--prestart", action="store_true")
     args = parser.parse_args(argv)
     # Forking after torch started its own threads is what this worker is built on: the child
     # never relies on those threads, so Python 3.12's warning about it is noise in the log.
@@ -626,7 +823,9 @@ def main(argv: list[str] | None = None) -> int:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     try:
-        Worker(args.in_fd, args.out_fd, args.device, args.host_pidns, args.preimport).serve()
+        Worker(
+            args.in_fd, args.out_fd, args.device, args.host_pidns, args.preimport, args.prestart
+        ).serve()
     except BrokenPipeError:
         return 0
     except OSError as exc:

@@ -309,6 +309,14 @@ class FiltersConfig(_Section):
         "workers (their candidates hold GPU memory); a task that ends with one runs once more "
         "alone after the batch, and that verdict stands. [] = never",
     )
+    retry_memory_fraction: float = Field(
+        default=0.75,
+        gt=0,
+        le=1,
+        description="retried tasks whose measured needs (held + asked, from the oom message) "
+        "sum to at most this share of the device's memory re-run side by side; the rest "
+        "covers what the message cannot show (later allocations, other processes' contexts)",
+    )
     determinism_rtol: float = Field(
         default=1e-5,
         ge=0,
@@ -379,6 +387,12 @@ class FiltersConfig(_Section):
         description="on CUDA, workers = 0 derives host cores / this: a GPU candidate keeps about "
         "one core busy (torch.compile with compile threads = 1, plus a ptxas subprocess now and "
         "then) while its forwards run on the GPU",
+    )
+    prestart_child: bool = Field(
+        default=True,
+        description="each worker forks its next candidate's process while the current one runs, "
+        "so the CUDA context (seconds with many workers per GPU) is ready when the candidate "
+        "starts; the waiting process has run no candidate code and is checked before use",
     )
     max_workers_per_gpu: int = Field(
         default=16,

@@ -413,6 +413,65 @@ def test_patching_torch_does_not_leak_into_the_next_candidate(host: Host) -> Non
     assert [v.reason for v in good] == ["ok"] * len(reasons.STAGES)
 
 
+def sibling_attack(action: str) -> str:
+    """A candidate that looks for the worker's other child (the next candidate's prestarted
+    process), tries to open its memory and fds, then does ``action`` to it."""
+    return task_source(
+        "me, parent = os.getpid(), os.getppid()\n"
+        "        siblings, deadline = [], time.monotonic() + 10\n"
+        "        while not siblings and time.monotonic() < deadline:\n"
+        "            for name in filter(str.isdigit, os.listdir('/proc')):\n"
+        "                try:\n"
+        "                    stat = open(f'/proc/{name}/stat').read()\n"
+        "                except OSError:\n"
+        "                    continue\n"
+        "                ppid = int(stat[stat.rfind(')') + 2 :].split()[1])\n"
+        "                if ppid == parent and int(name) != me:\n"
+        "                    siblings.append(int(name))\n"
+        "            time.sleep(0.05)\n"
+        "        opened = []\n"
+        "        for pid in siblings:\n"
+        "            for name in ['mem', 'fd/3', 'environ']:\n"
+        "                path = f'/proc/{pid}/{name}'\n"
+        "                try:\n"
+        "                    open(path, 'rb').close()\n"
+        "                    opened.append(path)\n"
+        "                except OSError:\n"
+        "                    pass\n"
+        f"            os.kill(pid, signal.{action})\n"
+        "        raise RuntimeError(f'siblings={len(siblings)} opened={opened}')",
+        header="import os, signal, time",
+    )
+
+
+def test_a_candidate_cannot_tamper_with_the_next_candidates_process(host: Host) -> None:
+    """The prestarted child exists while a candidate runs (the attack finds it), is closed to
+    it, and a stopped or killed one is never handed the next candidate."""
+    if not sandbox.bwrap_available() or sandbox.probe_bwrap(
+        paths=sandbox.Paths(str(host.cache_dir), str(host.root), str(host.root)),
+        device="cpu",
+        tmp_bytes=1 << 28,
+    ):
+        pytest.skip("bubblewrap is not usable here")
+    cfg = config(host, sandbox="bwrap", workers=1)
+    warm_compile_cache(cfg)
+    tasks = [
+        Task(ops=["stop"], data_source="torch#1", code=sibling_attack("SIGSTOP")),
+        Task(ops=["good"], data_source="torch#1", code=GOOD),
+        Task(ops=["kill"], data_source="torch#1", code=sibling_attack("SIGKILL")),
+        Task(ops=["good2"], data_source="torch#1", code=GOOD),
+    ]
+    with WorkerPool(cfg, "cpu") as pool:
+        results = pool.evaluate(tasks)
+        assert pool.stats["workers_started"] == 1  # one worker saw all four
+    for attack in (tasks[0], tasks[2]):
+        last = results[attack.id][-1]
+        assert last.reason == "forward_error", last.detail
+        assert "siblings=1 opened=[]" in last.detail, last.detail
+    for good in (tasks[1], tasks[3]):
+        assert [v.reason for v in results[good.id]] == ["ok"] * len(reasons.STAGES)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_illegal_memory_access_is_a_cuda_error(host: Host) -> None:

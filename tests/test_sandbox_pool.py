@@ -161,6 +161,7 @@ def test_oom_is_retried_alone_and_the_first_run_is_kept() -> None:
     for task in (tasks[0], tasks[2]):
         first = results[task.id][-1].measures["first_run"]
         assert first["reason"] == "oom" and first["concurrent_workers"] == 2
+        assert first["retry_wave"] == 1  # a CPU pool has no memory budget: each alone
         assert "Tried to allocate" in first["detail"]
         dispatches = [running for task_id, running in pool.log if task_id == task.id]
         assert len(dispatches) == 2 and dispatches[1] == 0  # the second run had the pool alone
