@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gpu_usage import GpuSampler  # noqa: E402
 from benchmarks.proc_memory import MemorySampler  # noqa: E402
 from filters.audit import audit_tasks, load_task_set  # noqa: E402
 from filters.pool import WorkerPool, check_settings, host_cores, resolve_device  # noqa: E402
@@ -106,21 +107,24 @@ def _every(step: int):
 
 
 def stage_times(verdicts: list[Verdict]) -> dict[str, dict[str, float]]:
-    """Per execution stage: rows, total and median seconds (the workers' own clocks), and the
-    part of the total spent queueing for the GPU's lock (``gpu_lock_wait_s``)."""
+    """Per execution stage: rows, total and median seconds (the workers' own clocks), the part
+    of the total spent queueing for the GPU's lock (``gpu_lock_wait_s``), and the time the
+    stage held the GPU to itself (``gpu_exclusive_s``: its timed runs)."""
     by_stage: dict[str, list[float]] = {}
     waits: dict[str, float] = {}
+    exclusive: dict[str, float] = {}
     for v in verdicts:
         if v.stage != "static":
             by_stage.setdefault(v.stage, []).append(v.elapsed_s)
-            wait = float(v.measures.get("gpu_lock_wait_s") or 0.0)
-            waits[v.stage] = waits.get(v.stage, 0.0) + wait
+            for into, key in ((waits, "gpu_lock_wait_s"), (exclusive, "gpu_exclusive_s")):
+                into[v.stage] = into.get(v.stage, 0.0) + float(v.measures.get(key) or 0.0)
     return {
         stage: {
             "rows": len(times),
             "total_s": round(sum(times), 2),
             "median_s": round(statistics.median(times), 4),
             "lock_wait_s": round(waits[stage], 2),
+            "exclusive_s": round(exclusive[stage], 2),
         }
         for stage, times in by_stage.items()
     }
@@ -182,7 +186,8 @@ def pool_run(
         everything = tasks + sized
         random.Random(seed).shuffle(everything)  # noise tasks land among compiling ones
         filter_start = time.perf_counter()
-        result = audit_tasks(everything, cfg, device, progress=_every(25), pool=pool)
+        with GpuSampler() as gpu:
+            result = audit_tasks(everything, cfg, device, progress=_every(25), pool=pool)
         filter_s = time.perf_counter() - filter_start
         stats = dict(pool.stats)
     by_task: dict[str, list[Verdict]] = {}
@@ -197,6 +202,7 @@ def pool_run(
         "size_s": size_s,
         "filter_s": filter_s,
         "filter_retry_s": float(stats.get("retried_alone_s") or 0.0) - sizing_retry_s,
+        "gpu_usage": gpu.summary(),
         "stats": stats,
         "peak_rss_total_gb": memory.peak_total / 2**30,
         "peak_rss_process_gb": memory.peak_process / 2**30,
@@ -287,9 +293,10 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
             "retried_alone": pool["stats"].get("retried_alone"),
             "retried_alone_s": pool["stats"].get("retried_alone_s"),
             "filter_retry_s": round(pool["filter_retry_s"], 1),
+            "gpu_usage": pool["gpu_usage"],
             "children": {
                 k: pool["stats"].get(f"child_{k}")
-                for k in ("prestarted", "fresh", "replaced", "refused")
+                for k in ("prestarted", "fresh", "replaced", "refused", "unresponsive")
             },
         },
         "naive": {
@@ -339,7 +346,7 @@ def table(s: dict[str, Any]) -> str:
         ("candidates", f"{c['total']} ({mix}); kept {c['kept']}"),
         ("compile cache", s["compile_cache"]),
         (
-            "candidate processes: prestarted / fresh / replaced / refused",
+            "candidate processes: prestarted / fresh / replaced / refused / unresponsive",
             " / ".join(str(v) for v in p["children"].values())
             + ("" if s["prestart_child"] else " (prestart off)"),
         ),
@@ -372,8 +379,9 @@ def table(s: dict[str, Any]) -> str:
     for stage, t in p["stage_times"].items():
         rows.append(
             (
-                f"stage {stage}: rows, total s, median s, GPU-lock wait s",
-                f"{t['rows']}, {t['total_s']}, {t['median_s']}, {t['lock_wait_s']}",
+                f"stage {stage}: rows, total s, median s, GPU-lock wait s, GPU exclusive s",
+                f"{t['rows']}, {t['total_s']}, {t['median_s']}, {t['lock_wait_s']}, "
+                f"{t['exclusive_s']}",
             )
         )
     init = p["device_init"]
@@ -382,6 +390,16 @@ def table(s: dict[str, Any]) -> str:
             (
                 "CUDA context: creation median s; candidates' wait median, total s",
                 f"{init['creation_median_s']}; {init['wait_median_s']}, {init['wait_total_s']}",
+            )
+        )
+    for gpu, use in (p["gpu_usage"] or {}).items():
+        rows.append(
+            (
+                f"GPU {gpu} while filtering: utilisation mean / median; memory peak; "
+                "share of samples > 90% full",
+                f"{use['utilization_mean_pct']}% / {use['utilization_median_pct']}%; "
+                f"{use['memory_peak_gib']} of {use['memory_total_gib']} GiB; "
+                f"{use['memory_nearly_full_share'] * 100:.0f}%",
             )
         )
     rows.append(("final reasons", ", ".join(f"{k} {v}" for k, v in p["final_reasons"].items())))

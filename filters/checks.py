@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from filters.gpulock import gpu_section, waited_s
+from filters.gpulock import exclusive_s, gpu_section, waited_s
 from filters.reasons import STAGES, stages_of
 
 Emit = Callable[[dict[str, Any]], None]
@@ -98,7 +98,7 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
     }
     for name in cand.s.stages:
         emit({"event": "stage", "stage": name})
-        start, waited = time.perf_counter(), waited_s()
+        start, waited, exclusive = time.perf_counter(), waited_s(), exclusive_s()
         try:
             row = _row(name, True, "ok", "", stage_functions[name](cand))
         except Fail as fail:
@@ -109,6 +109,7 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
         row["elapsed_s"] = round(time.perf_counter() - start, 6)
         if cand.lock_dir:
             row["measures"]["gpu_lock_wait_s"] = round(waited_s() - waited, 6)
+            row["measures"]["gpu_exclusive_s"] = round(exclusive_s() - exclusive, 6)
         emit({"event": "verdict", "verdict": row})
         if not row["passed"]:
             break

@@ -23,13 +23,19 @@ import os
 import time
 from collections.abc import Iterator
 
-# Seconds this process has spent waiting for GPU locks; the checks report it per stage, so a
-# stage slowed by queueing for the GPU is told apart from one slowed by its own work.
+# Seconds this process has spent waiting for GPU locks, and holding one exclusively; the checks
+# report both per stage, so a stage slowed by queueing for the GPU is told apart from one slowed
+# by its own work, and the GPU's serialised time is known.
 _waited_s = 0.0
+_exclusive_s = 0.0
 
 
 def waited_s() -> float:
     return _waited_s
+
+
+def exclusive_s() -> float:
+    return _exclusive_s
 
 
 def _open(lock_dir: str, name: str) -> int:
@@ -49,7 +55,7 @@ def _held(fd: int, mode: int) -> Iterator[None]:
 def gpu_section(lock_dir: str, ident: str, *, exclusive: bool) -> Iterator[None]:
     """Hold GPU ``ident``'s lock in ``lock_dir``: exclusive for timing, else shared. No-op
     without a lock dir (a lone process has nobody to exclude)."""
-    global _waited_s
+    global _waited_s, _exclusive_s
     if not lock_dir:
         yield
         return
@@ -60,10 +66,13 @@ def gpu_section(lock_dir: str, ident: str, *, exclusive: bool) -> Iterator[None]
         with _held(turnstile, fcntl.LOCK_EX):
             fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         _waited_s += time.perf_counter() - asked
+        held = time.perf_counter()
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+            if exclusive:
+                _exclusive_s += time.perf_counter() - held
     finally:
         os.close(lock)
         os.close(turnstile)

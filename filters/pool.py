@@ -213,6 +213,7 @@ class WorkerPool:
             "child_fresh": 0,
             "child_replaced": 0,
             "child_refused": 0,
+            "child_unresponsive": 0,
         }
         self._workers: list[_Worker | None] = []
         self._retiring: list[tuple[_Worker, float]] = []

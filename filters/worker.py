@@ -124,8 +124,10 @@ class Worker:
         self._spare: _Child | None = None
         self._child_fds: set[int] = set()
         # How the last child started: prestarted, fresh (none was waiting), replaced (the
-        # waiting one was gone or stopped) or refused (it did not accept the job).
+        # waiting one was gone or stopped), refused (it exited instead of accepting the job:
+        # its CUDA init had failed) or unresponsive (alive, but no answer within HANDSHAKE_S).
         self.last_child = ""
+        self._refusal = ""
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.device = device
@@ -318,7 +320,7 @@ class Worker:
             child, spare = self._fork_child(), False
         started = self._hand_over(child, job, refusable=spare)
         if started is None and spare:
-            self.last_child = "refused"
+            self.last_child = self._refusal
             self._discard(child)
             child = self._fork_child()
             started = self._hand_over(child, job, refusable=False)
@@ -370,7 +372,9 @@ class Worker:
 
     def _hand_over(self, child: _Child, job: dict[str, Any], *, refusable: bool) -> bytes | None:
         """Send ``job``; wait for the child to accept it. The bytes it reported after
-        accepting, or None if it did not (gone, stopped, or its CUDA init failed)."""
+        accepting, or None if it did not: it is gone or exited (``_refusal`` "refused") or
+        gave no answer in time ("unresponsive")."""
+        self._refusal = "refused"
         try:
             _write_all(child.go_fd, (json.dumps({**job, "refusable": refusable}) + "\n").encode())
         except OSError:
@@ -380,6 +384,7 @@ class Worker:
         while len(received) < len(ACCEPTED):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([child.report_fd], [], [], left)[0]:
+                self._refusal = "unresponsive"
                 return None
             chunk = os.read(child.report_fd, 1 << 16)
             if not chunk:

@@ -112,3 +112,16 @@ def test_waiting_time_is_counted_in_this_process(tmp_path: Path) -> None:
     s.finish()
     assert 0.4 <= queued < 5.0
     assert waited_s() - before == queued
+
+
+def test_exclusive_holding_time_is_counted_and_shared_is_not(tmp_path: Path) -> None:
+    """``exclusive_s`` grows by the time a timed section held the GPU, never by shared ones."""
+    from filters.gpulock import exclusive_s
+
+    before = exclusive_s()
+    with gpu_section(str(tmp_path), "gpu0", exclusive=False):
+        time.sleep(0.2)
+    assert exclusive_s() == before
+    with gpu_section(str(tmp_path), "gpu0", exclusive=True):
+        time.sleep(0.3)
+    assert 0.3 <= exclusive_s() - before < 5.0

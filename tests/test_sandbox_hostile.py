@@ -463,7 +463,11 @@ def test_a_candidate_cannot_tamper_with_the_next_candidates_process(host: Host) 
     ]
     with WorkerPool(cfg, "cpu") as pool:
         results = pool.evaluate(tasks)
-        assert pool.stats["workers_started"] == 1  # one worker saw all four
+        stats = dict(pool.stats)
+    assert stats["workers_started"] == 1  # one worker saw all four
+    # the stopped waiting child was noticed and replaced; the killed one was reaped with the
+    # attack's processes, so the last candidate started fresh
+    assert (stats["child_prestarted"], stats["child_replaced"], stats["child_fresh"]) == (2, 1, 1)
     for attack in (tasks[0], tasks[2]):
         last = results[attack.id][-1]
         assert last.reason == "forward_error", last.detail

@@ -8,6 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gpu_usage import parse_line, summarise  # noqa: E402
 from benchmarks.proc_memory import descendants_rss  # noqa: E402
 from benchmarks.throughput import (  # noqa: E402
     final_reasons,
@@ -22,12 +23,20 @@ def test_stage_times_and_final_reasons() -> None:
     rows = [
         Verdict("a", "static", True, "ok"),
         Verdict("a", "eager", True, "ok", elapsed_s=1.0, measures={"gpu_lock_wait_s": 0.25}),
+        Verdict("a", "runtime", True, "ok", elapsed_s=0.5, measures={"gpu_exclusive_s": 0.75}),
         Verdict("a", "compile", False, "compile_error", elapsed_s=4.0),
         Verdict("b", "eager", True, "ok", elapsed_s=3.0),
     ]
     times = stage_times(rows)
-    assert set(times) == {"eager", "compile"}
-    assert times["eager"] == {"rows": 2, "total_s": 4.0, "median_s": 2.0, "lock_wait_s": 0.25}
+    assert set(times) == {"eager", "runtime", "compile"}
+    assert times["eager"] == {
+        "rows": 2,
+        "total_s": 4.0,
+        "median_s": 2.0,
+        "lock_wait_s": 0.25,
+        "exclusive_s": 0.0,
+    }
+    assert times["runtime"]["exclusive_s"] == 0.75
     assert times["compile"]["lock_wait_s"] == 0.0
     assert final_reasons(rows) == {"a": "compile_error", "b": "ok"}
 
@@ -94,3 +103,14 @@ def test_filter_span_counts_sandboxed_stages_only() -> None:
     rows += [row("compile", "53:00"), row("runtime", "52:00")]
     assert filter_span_s(rows) == 110.0  # 51:10 -> 53:00; the prefilter's rows do not count
     assert filter_span_s(rows[:3]) is None
+
+
+def test_gpu_samples_are_summarised_per_gpu() -> None:
+    lines = ["0, 80, 130000, 143771", "1, 20, 1000, 143771", "0, 40, 2000, 143771", "junk"]
+    samples = [s for s in map(parse_line, lines) if s is not None]
+    assert len(samples) == 3
+    summary = summarise(samples)
+    assert summary["0"]["utilization_mean_pct"] == 60.0
+    assert summary["0"]["memory_peak_gib"] == 127.0
+    assert summary["0"]["memory_nearly_full_share"] == 0.5
+    assert summary["1"]["samples"] == 1 and summary["1"]["memory_nearly_full_share"] == 0.0
