@@ -73,7 +73,9 @@ def candidate_set(args: argparse.Namespace) -> tuple[list[Task], list[Task], dic
     return kb + ops6k, composed, {**counts, "compose_s": round(compose_s, 1)}
 
 
-def size(pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str) -> list[Task]:
+def size(
+    pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str, sizing: SizingConfig
+) -> list[Task]:
     """Composed tasks rescaled into the runtime window, as the ``size`` stage of a run does."""
     from synth.sizing import Probe, probe_of, size_tasks
 
@@ -83,7 +85,7 @@ def size(pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str) -
         log(f"sizing round: {len(batch)} probes in {time.perf_counter() - started:.0f} s")
         return {task_id: probe_of(rows) for task_id, rows in measured.items()}
 
-    return size_tasks(tasks, measure, cfg.window_ms(device), SizingConfig())
+    return size_tasks(tasks, measure, cfg.window_ms(device), sizing)
 
 
 # ------------------------------------------------------------------------ progress
@@ -172,7 +174,12 @@ def relative_spread(a: dict[str, float], b: dict[str, float]) -> float | None:
 
 
 def pool_run(
-    tasks: list[Task], composed: list[Task], cfg: FiltersConfig, device: str, seed: int
+    tasks: list[Task],
+    composed: list[Task],
+    cfg: FiltersConfig,
+    device: str,
+    seed: int,
+    sizing: SizingConfig,
 ) -> dict[str, Any]:
     """Start, size, filter on one pool; memory sampled throughout."""
     start = time.perf_counter()
@@ -180,7 +187,7 @@ def pool_run(
     with MemorySampler() as memory, pool:  # entering starts the workers
         started = time.perf_counter()
         log(f"pool started ({pool.stats.get('workers')} workers)")
-        sized = size(pool, composed, cfg, device) if composed else []
+        sized = size(pool, composed, cfg, device, sizing) if composed else []
         size_s = time.perf_counter() - started
         sizing_retry_s = float(pool.stats.get("retried_alone_s") or 0.0)
         everything = tasks + sized
@@ -277,6 +284,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "sandbox": pool["stats"].get("sandbox"),
         "compile_cache": "warm (shared)" if args.warm_cache else "cold (empty at start)",
         "prestart_child": cfg.prestart_child,
+        "sizing_max_device_gib": args.max_device_gib,
         "candidates": counts | {"total": n, "kept": pool["kept"]},
         "pool": {
             "start_s": round(pool["start_s"], 1),
@@ -345,6 +353,7 @@ def table(s: dict[str, Any]) -> str:
         ),
         ("candidates", f"{c['total']} ({mix}); kept {c['kept']}"),
         ("compile cache", s["compile_cache"]),
+        ("sizing: device-memory cap (GiB; 0 = none)", s["sizing_max_device_gib"]),
         (
             "candidate processes: prestarted / fresh / replaced / refused / unresponsive",
             " / ".join(str(v) for v in p["children"].values())
@@ -429,6 +438,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise", type=int, default=10, help="tasks of the noise measurement")
     parser.add_argument("--warm-cache", action="store_true", help="reuse the shared compile cache")
     parser.add_argument(
+        "--max-device-gib",
+        type=float,
+        default=0.0,
+        help="cap on a sized candidate's device memory (sizing.max_device_gib); 0 = none",
+    )
+    parser.add_argument(
         "--no-prestart",
         dest="prestart",
         action="store_false",
@@ -448,7 +463,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = FiltersConfig(workers=args.workers, cache_dir=cache, prestart_child=args.prestart)
     fixed, composed, counts = candidate_set(args)
     log(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}")
-    pool = pool_run(fixed, composed, cfg, device, args.seed)
+    sizing = SizingConfig(max_device_gib=args.max_device_gib)
+    pool = pool_run(fixed, composed, cfg, device, args.seed, sizing)
     log(f"pool: {len(pool['tasks'])} candidates in {pool['filter_s']:.0f} s")
     measured = eager_medians(pool["by_task"])
     preferred = [t for t in fixed if t.id in measured] + [

@@ -446,6 +446,14 @@ class SizingConfig(_Section):
         "launch-bound, so one measurement can overstate how far to go",
     )
     max_value: int = Field(default=1 << 16, ge=1, description="the batch never grows beyond this")
+    max_device_gib: float = Field(
+        default=0.0,
+        ge=0,
+        description="cap on a sized task's device-memory peak as its probe measured it (GPU "
+        "only): it never grows past the cap, and one over it shrinks. Tasks sized to fill the "
+        "window on an H200 held up to tens of GB, so 16 workers on one GPU ran out of memory; "
+        "0 = no cap",
+    )
 
 
 class EvalConfig(_Section):

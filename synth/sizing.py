@@ -11,6 +11,13 @@ ran. The knob is one module-level constant (``batch_size`` by default) whose rig
 holds exactly one integer literal (``batch_size = 512`` or ``batch_size = 512 * scale``); that
 literal is rewritten in place, so the rest of the code is untouched. Tasks without such a
 constant pass through unchanged, and the reason is recorded.
+
+With ``max_device_gib`` set, the probe's device-memory peak (on a GPU) caps the size too: a
+task never grows past the batch its measured memory allows, one already over the cap shrinks,
+and the chosen size is one that measured within the cap when any did. Memory grows at most
+linearly with the batch (weights do not grow), so the linear estimate errs on the safe side.
+Sized to fill the window on a large GPU, tasks otherwise hold tens of GB each, and a GPU shared
+by many filter (or evaluation) workers runs out of memory.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ class Probe:
     ms: float | None
     device: str = ""
     reason: str = ""
+    device_gib: float | None = None  # device-memory peak (GPU only)
 
 
 Measure = Callable[[list[Task]], dict[str, Probe]]
@@ -43,7 +51,12 @@ def probe_of(rows: list[Verdict]) -> Probe:
     scaled ms, else why there is none."""
     last = rows[-1] if rows else None
     if last is not None and last.stage == "runtime" and last.passed:
-        return Probe(float(last.measures["scaled_ms"]), device=last.device)
+        peak = last.measures.get("device_peak_gib")
+        return Probe(
+            float(last.measures["scaled_ms"]),
+            device=last.device,
+            device_gib=float(peak) if peak is not None else None,
+        )
     return Probe(None, device=last.device if last else "", reason=last.reason if last else "")
 
 
@@ -109,6 +122,15 @@ def next_value(value: int, ms: float, target: float, cfg: SizingConfig) -> int:
     return int(min(2 ** round(math.log2(wanted)), cfg.max_value))
 
 
+def memory_limit(value: int, device_gib: float, cap_gib: float) -> int:
+    """The largest power of two whose memory, scaled linearly from ``value``'s measured
+    ``device_gib``, stays within ``cap_gib`` (at least 1)."""
+    if device_gib <= 0:
+        return 1 << 62
+    allowed = value * cap_gib / device_gib
+    return max(1, 2 ** math.floor(math.log2(allowed))) if allowed >= 1 else 1
+
+
 def _distance(ms: float, target: float) -> float:
     return abs(math.log(ms / target))
 
@@ -120,6 +142,7 @@ class _Sizing:
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     variants: dict[int, Task] = dataclasses.field(default_factory=dict)
     current: int = 0
+    limit: int = 1 << 62  # the largest batch the measured memory allows
     done: bool = False
     device: str = ""
     note: str = ""
@@ -150,16 +173,25 @@ def size_tasks(
         for s in active:
             probe = probes.get(s.variants[s.current].id, Probe(None, reason="not measured"))
             s.device = s.device or probe.device
-            s.steps.append({"value": s.current, "ms": probe.ms, "reason": probe.reason})
+            step: dict[str, Any] = {"value": s.current, "ms": probe.ms, "reason": probe.reason}
+            gib = probe.device_gib
+            if gib is not None:
+                step["device_gib"] = gib
+            s.steps.append(step)
             if probe.ms is None or probe.ms <= 0:
                 s.done = True
                 continue
-            if target / cfg.band <= probe.ms <= target * cfg.band:
+            over = False
+            if cfg.max_device_gib > 0 and gib is not None:
+                over = gib > cfg.max_device_gib
+                s.limit = min(s.limit, memory_limit(s.current, gib, cfg.max_device_gib))
+            if not over and target / cfg.band <= probe.ms <= target * cfg.band:
                 s.done = True
                 continue
-            value = next_value(s.current, probe.ms, target, cfg)
+            value: int | None = min(next_value(s.current, probe.ms, target, cfg), s.limit)
             if value in s.variants:
                 value = _bisect(s.steps, target)
+                value = None if value is None else min(value, s.limit)
             if value is None or value in s.variants or len(s.steps) > cfg.max_steps:
                 s.done = True
                 continue
@@ -187,12 +219,16 @@ def _variant(task: Task, knob: Knob | None, value: int) -> Task:
 
 def _chosen(s: _Sizing, target: float, cfg: SizingConfig) -> Task:
     measured = [step for step in s.steps if step["ms"]]
+    if cfg.max_device_gib > 0:
+        within = [st for st in measured if st.get("device_gib", 0.0) <= cfg.max_device_gib]
+        measured = within or measured
     best = min(measured, key=lambda step: _distance(step["ms"], target), default=None)
     value = best["value"] if best else (s.knob.value if s.knob else None)
     record: dict[str, Any] = {
         "device": s.device,
         "target_ms": round(target, 4),
         "band": cfg.band,
+        "max_device_gib": cfg.max_device_gib,
         "constant": s.knob.name if s.knob else None,
         "steps": s.steps,
         "chosen": value,

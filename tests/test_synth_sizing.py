@@ -47,8 +47,14 @@ def task(batch: int = 8) -> Task:
     return Task(ops=["torch.tanh"], data_source="torch#1", code=ELEMENTWISE.format(batch=batch))
 
 
-def linear_device(per_row_ms: float, overhead_ms: float = 0.01, fail_above: int | None = None):
-    """A model of a device: runtime = launch overhead + per-row cost; too large fails."""
+def linear_device(
+    per_row_ms: float,
+    overhead_ms: float = 0.01,
+    fail_above: int | None = None,
+    per_row_gib: float | None = None,
+):
+    """A model of a device: runtime = launch overhead + per-row cost; too large fails; with
+    ``per_row_gib``, a GPU that also reports the memory peak (0.25 GiB of context-free base)."""
     calls: list[int] = []
 
     def measure(tasks: list[Task]) -> dict[str, Probe]:
@@ -60,7 +66,8 @@ def linear_device(per_row_ms: float, overhead_ms: float = 0.01, fail_above: int 
             if fail_above is not None and knob.value > fail_above:
                 out[t.id] = Probe(None, "model", "resource_limit")
             else:
-                out[t.id] = Probe(overhead_ms + per_row_ms * knob.value, "model")
+                gib = None if per_row_gib is None else 0.25 + per_row_gib * knob.value
+                out[t.id] = Probe(overhead_ms + per_row_ms * knob.value, "model", device_gib=gib)
         return out
 
     return measure, calls
@@ -140,6 +147,35 @@ def test_size_never_exceeds_max_value() -> None:
     measure, calls = linear_device(per_row_ms=1e-6)
     size_tasks([task(8)], measure, WINDOW, cfg)
     assert max(calls) == 100 and len(calls) == 2  # clamped, then no new value to try
+
+
+def test_growth_stops_at_the_device_memory_cap() -> None:
+    """Wanting 512 rows for 10 ms, but 512 rows would hold 8.25 GiB: with a 4 GiB cap the task
+    grows only as far as its measured memory allows, and the record keeps every peak."""
+    uncapped, _ = linear_device(per_row_ms=0.02, per_row_gib=1 / 64)
+    [free] = size_tasks([task(8)], uncapped, WINDOW, CFG)
+    assert free.meta["sizing"]["chosen"] == 512
+    cfg = CFG.model_copy(update={"max_device_gib": 4.0})
+    capped, calls = linear_device(per_row_ms=0.02, per_row_gib=1 / 64)
+    [out] = size_tasks([task(8)], capped, WINDOW, cfg)
+    record = out.meta["sizing"]
+    assert record["chosen"] < 512 and calls[-1] == record["chosen"]
+    assert all(st["device_gib"] <= 4.0 for st in record["steps"])
+    assert record["max_device_gib"] == 4.0
+
+
+def test_a_task_over_the_memory_cap_shrinks_even_inside_the_band() -> None:
+    cfg = CFG.model_copy(update={"max_device_gib": 2.0})
+    measure, calls = linear_device(per_row_ms=0.01, per_row_gib=1 / 128)  # 1024: 10 ms, 8.25 GiB
+    [out] = size_tasks([task(1024)], measure, WINDOW, cfg)
+    assert calls[0] == 1024 and len(calls) >= 2
+    record = out.meta["sizing"]
+    chosen = next(st for st in record["steps"] if st["value"] == record["chosen"])
+    assert chosen["device_gib"] <= 2.0 and record["chosen"] < 1024
+    # without memory readings (a CPU probe) the cap changes nothing
+    cpu, cpu_calls = linear_device(per_row_ms=0.01)
+    [kept] = size_tasks([task(1024)], cpu, WINDOW, cfg)
+    assert cpu_calls == [1024] and kept.meta["sizing"]["chosen"] == 1024
 
 
 def test_sizing_measures_in_the_sandboxed_pool() -> None:
