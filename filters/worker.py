@@ -696,14 +696,19 @@ def _valid_row(row: Any, expected: str | None) -> bool:
     )
 
 
-def _stat(pid: int) -> tuple[int, int, int, int, int] | None:
-    """(ppid, pgrp, session, threads, rss pages) from /proc/PID/stat."""
+def _stat_fields(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (state first); [] if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read()
     except OSError:
-        return None
-    fields = raw[raw.rfind(b")") + 2 :].split()
+        return []
+    return raw[raw.rfind(b")") + 2 :].split()
+
+
+def _stat(pid: int) -> tuple[int, int, int, int, int] | None:
+    """(ppid, pgrp, session, threads, rss pages) from /proc/PID/stat."""
+    fields = _stat_fields(pid)
     try:
         return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[17]), int(fields[21])
     except (IndexError, ValueError):
@@ -711,13 +716,9 @@ def _stat(pid: int) -> tuple[int, int, int, int, int] | None:
 
 
 def _state(pid: int) -> str:
-    """The process state letter from /proc/PID/stat ("" if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return ""
-    return raw[raw.rfind(b")") + 2 :][:1].decode()
+    """The process state letter ("" if it is gone)."""
+    fields = _stat_fields(pid)
+    return fields[0].decode() if fields else ""
 
 
 def _read_job(fd: int) -> dict[str, Any] | None:  # pragma: no cover - child

@@ -44,6 +44,8 @@ class Probe:
 
 
 Measure = Callable[[list[Task]], dict[str, Probe]]
+# A batch limit that never binds (no memory reading, or no cap).
+NO_LIMIT = 1 << 62
 
 
 def probe_of(rows: list[Verdict]) -> Probe:
@@ -126,9 +128,9 @@ def memory_limit(value: int, device_gib: float, cap_gib: float) -> int:
     """The largest power of two whose memory, scaled linearly from ``value``'s measured
     ``device_gib``, stays within ``cap_gib`` (at least 1)."""
     if device_gib <= 0:
-        return 1 << 62
+        return NO_LIMIT
     allowed = value * cap_gib / device_gib
-    return max(1, 2 ** math.floor(math.log2(allowed))) if allowed >= 1 else 1
+    return 2 ** math.floor(math.log2(allowed)) if allowed >= 1 else 1
 
 
 def _distance(ms: float, target: float) -> float:
@@ -142,7 +144,7 @@ class _Sizing:
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     variants: dict[int, Task] = dataclasses.field(default_factory=dict)
     current: int = 0
-    limit: int = 1 << 62  # the largest batch the measured memory allows
+    limit: int = NO_LIMIT  # the largest batch the measured memory allows
     done: bool = False
     device: str = ""
     note: str = ""
