@@ -52,6 +52,8 @@ NAIVE = Path(__file__).resolve().parent / "naive_candidate.py"
 
 def candidate_set(args: argparse.Namespace) -> tuple[list[Task], list[Task], dict[str, Any]]:
     """(fixed tasks: KernelBench + Ops-6K rows, composed tasks still to be sized, counts)."""
+    if args.tasks:
+        return reused_set(args.tasks)
     kb = load_kernelbench(args.kernelbench, [2]) if args.kernelbench else []
     kb = kb[: args.kb_limit] if args.kb_limit else kb
     ops6k: list[Task] = []
@@ -71,6 +73,16 @@ def candidate_set(args: argparse.Namespace) -> tuple[list[Task], list[Task], dic
         compose_s = time.perf_counter() - start
     counts = {"kernelbench_l2": len(kb), "ops6k": len(ops6k), "composed": len(composed)}
     return kb + ops6k, composed, {**counts, "compose_s": round(compose_s, 1)}
+
+
+def reused_set(path: Path) -> tuple[list[Task], list[Task], dict[str, Any]]:
+    """A set an earlier run wrote (``candidates.parquet``: sized, in its filtering order), so
+    that runs differing in one setting filter the same candidates without sizing again."""
+    tasks = load_task_set(path)
+    sized = sum(1 for t in tasks if "sizing" in t.meta)
+    kb = sum(1 for t in tasks if t.data_source == "kernelbench_l2")
+    counts = {"kernelbench_l2": kb, "ops6k": len(tasks) - kb - sized, "composed": sized}
+    return tasks, [], {**counts, "compose_s": 0.0, "reused": str(path)}
 
 
 def size(
@@ -180,6 +192,7 @@ def pool_run(
     device: str,
     seed: int,
     sizing: SizingConfig,
+    shuffle: bool = True,
 ) -> dict[str, Any]:
     """Start, size, filter on one pool; memory sampled throughout."""
     start = time.perf_counter()
@@ -191,7 +204,8 @@ def pool_run(
         size_s = time.perf_counter() - started
         sizing_retry_s = float(pool.stats.get("retried_alone_s") or 0.0)
         everything = tasks + sized
-        random.Random(seed).shuffle(everything)  # noise tasks land among compiling ones
+        if shuffle:
+            random.Random(seed).shuffle(everything)  # noise tasks land among compiling ones
         filter_start = time.perf_counter()
         with GpuSampler() as gpu:
             result = audit_tasks(everything, cfg, device, progress=_every(25), pool=pool)
@@ -284,6 +298,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "sandbox": pool["stats"].get("sandbox"),
         "compile_cache": "warm (shared)" if args.warm_cache else "cold (empty at start)",
         "prestart_child": cfg.prestart_child,
+        "batch_timers": cfg.batch_timers,
         "sizing_max_device_gib": args.max_device_gib,
         "candidates": counts | {"total": n, "kept": pool["kept"]},
         "pool": {
@@ -353,6 +368,7 @@ def table(s: dict[str, Any]) -> str:
         ),
         ("candidates", f"{c['total']} ({mix}); kept {c['kept']}"),
         ("compile cache", s["compile_cache"]),
+        ("GPU lock: timed sections batched", s["batch_timers"]),
         ("sizing: device-memory cap (GiB; 0 = none)", s["sizing_max_device_gib"]),
         (
             "candidate processes: prestarted / fresh / replaced / refused / unresponsive",
@@ -430,6 +446,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kb-limit", type=int, default=0, help="first N level-2 problems; 0 = all")
     parser.add_argument("--ops6k", type=Path, help="Ops-6K parquet")
     parser.add_argument("--ops6k-n", type=int, default=50, help="seeded Ops-6K sample")
+    parser.add_argument(
+        "--tasks",
+        type=Path,
+        help="an earlier run's candidates.parquet, filtered as it is (no composing or sizing)",
+    )
     parser.add_argument("--composed", type=int, default=150, help="offline-composed candidates")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--workers", type=int, default=0, help="0 = derived from the host")
@@ -440,7 +461,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--max-device-gib",
         type=float,
-        default=0.0,
+        default=SizingConfig().max_device_gib,
         help="cap on a sized candidate's device memory (sizing.max_device_gib); 0 = none",
     )
     parser.add_argument(
@@ -448,6 +469,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="prestart",
         action="store_false",
         help="fork each candidate's process only when it starts (filters.prestart_child off)",
+    )
+    parser.add_argument(
+        "--no-batch-timers",
+        dest="batch_timers",
+        action="store_false",
+        help="timed sections and untimed GPU work alternate (filters.batch_timers off)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("throughput"))
@@ -460,12 +487,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(args.device)
     cache = "" if args.warm_cache else tempfile.mkdtemp(prefix="compile-cache-", dir=args.out)
-    cfg = FiltersConfig(workers=args.workers, cache_dir=cache, prestart_child=args.prestart)
+    cfg = FiltersConfig(
+        workers=args.workers,
+        cache_dir=cache,
+        prestart_child=args.prestart,
+        batch_timers=args.batch_timers,
+    )
     fixed, composed, counts = candidate_set(args)
     log(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}")
     sizing = SizingConfig(max_device_gib=args.max_device_gib)
-    pool = pool_run(fixed, composed, cfg, device, args.seed, sizing)
+    pool = pool_run(fixed, composed, cfg, device, args.seed, sizing, shuffle=not args.tasks)
     log(f"pool: {len(pool['tasks'])} candidates in {pool['filter_s']:.0f} s")
+    # written now: a time limit hit in the noise or naive part does not lose the pool's run
+    write_verdicts(pool["verdicts"], args.out / "pool-verdicts.parquet")
+    write_tasks(pool["tasks"], args.out / "candidates.parquet")  # sized: multi_gpu.py reuses it
     measured = eager_medians(pool["by_task"])
     preferred = [t for t in fixed if t.id in measured] + [
         t for t in pool["tasks"] if t.id in measured
@@ -477,8 +512,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     naive = naive_run(subset, cfg, device, args.naive_budget_s)
     summary = summarise(args, counts, cfg, device, pool, naive, alone)
     summary["benchmark_wall_s"] = round(time.perf_counter() - begin, 1)
-    write_verdicts(pool["verdicts"], args.out / "pool-verdicts.parquet")
-    write_tasks(pool["tasks"], args.out / "candidates.parquet")  # sized: multi_gpu.py reuses it
     (args.out / "throughput.json").write_text(json.dumps(summary, indent=2))
     print(table(summary))
     print(f"\nwall {summary['benchmark_wall_s']:.0f} s; details in {args.out / 'throughput.json'}")

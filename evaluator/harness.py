@@ -298,7 +298,9 @@ def stage_timing(s: Session) -> dict[str, Any]:
 
 def _gpu(s: Session, *, exclusive: bool) -> contextlib.AbstractContextManager[None]:
     """The GPU's lock (``filters.gpulock``): exclusive for timed calls, else shared."""
-    return gpu_lock(str(s.s.get("lock_dir", "")) if s.cuda else "", s.device, exclusive=exclusive)
+    lock_dir = str(s.s.get("lock_dir", "")) if s.cuda else ""
+    batch = bool(s.s.get("batch_timers", True))
+    return gpu_lock(lock_dir, s.device, exclusive=exclusive, batch_timers=batch)
 
 
 def _time(s: Session, fn: Callable[[list[Any]], Any], sets: list, runs: int, warmup: int) -> float:

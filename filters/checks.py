@@ -58,6 +58,7 @@ class Settings:
     determinism_atol: float = 1e-6
     determinism_rtol: float = 1e-5
     lock_dir: str = ""
+    batch_timers: bool = True
     # The stages to run, in order: all of them to filter, a subset to measure (sizing).
     stages: tuple[str, ...] = STAGES
 
@@ -209,7 +210,9 @@ class Candidate:
 
     def gpu_lock(self, *, exclusive: bool = True) -> contextlib.AbstractContextManager[None]:
         """Exclusive around timed runs, shared around every other GPU section (``gpu_lock``)."""
-        return gpu_lock(self.lock_dir, self.device, exclusive=exclusive)
+        return gpu_lock(
+            self.lock_dir, self.device, exclusive=exclusive, batch_timers=self.s.batch_timers
+        )
 
     def gpu_shared(self) -> contextlib.AbstractContextManager[None]:
         return self.gpu_lock(exclusive=False)
@@ -275,6 +278,19 @@ def device_init_for(device: torch.device) -> DeviceInit:
 # Stages
 
 
+def _holding_gpu(stage: Callable[[Candidate], dict[str, Any]]):
+    """Run a stage whose every step is GPU work (forwards, and the reductions comparing their
+    outputs) inside one shared GPU section: the comparisons of gigabyte outputs are kernels
+    too, and a timer overlapping them reads slow."""
+
+    @functools.wraps(stage)
+    def holding(c: Candidate) -> dict[str, Any]:
+        with c.gpu_shared():
+            return stage(c)
+
+    return holding
+
+
 def stage_eager(c: Candidate) -> dict[str, Any]:
     """Import, instantiate, run once: outputs are finite tensors on the device."""
     start = time.perf_counter()
@@ -318,30 +334,34 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
             "wrong_device", f"module tensors not on {c.device.type}: {', '.join(misplaced[:5])}"
         )
 
-    before = [x.clone() if isinstance(x, torch.Tensor) else None for x in c.inputs]
-    start = time.perf_counter()
-    try:
-        outputs = c.forward(c.inputs)
-    except Fail:
-        raise
-    except BaseException as exc:
-        raise Fail(classify(exc, "forward_error"), describe(exc, c.path)) from None
-    first_ms = (time.perf_counter() - start) * 1e3
+    # clones and checks run on the GPU as well: shared, so no timer overlaps them
+    with c.gpu_shared():
+        before = [x.clone() if isinstance(x, torch.Tensor) else None for x in c.inputs]
+        start = time.perf_counter()
+        try:
+            outputs = c.forward(c.inputs)
+        except Fail:
+            raise
+        except BaseException as exc:
+            raise Fail(classify(exc, "forward_error"), describe(exc, c.path)) from None
+        first_ms = (time.perf_counter() - start) * 1e3
 
-    for k, t in enumerate(outputs):
-        if t.device.type != c.device.type:
-            raise Fail("wrong_device", f"output {k} is on {t.device}, expected {c.device.type}")
-        if t.numel() == 0:
-            raise Fail("bad_output", f"output {k} is empty (shape {tuple(t.shape)})")
-        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
-            raise Fail("nonfinite_output", f"output {k} contains NaN or Inf", output=k)
-    mutated = [
-        k
-        for k, (x, old) in enumerate(zip(c.inputs, before, strict=True))
-        if old is not None and not _same(x, old)
-    ]
-    if mutated:
-        raise Fail("input_mutated", f"forward modified input(s) {mutated} in place", inputs=mutated)
+        for k, t in enumerate(outputs):
+            if t.device.type != c.device.type:
+                raise Fail("wrong_device", f"output {k} is on {t.device}, expected {c.device.type}")
+            if t.numel() == 0:
+                raise Fail("bad_output", f"output {k} is empty (shape {tuple(t.shape)})")
+            if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+                raise Fail("nonfinite_output", f"output {k} contains NaN or Inf", output=k)
+        mutated = [
+            k
+            for k, (x, old) in enumerate(zip(c.inputs, before, strict=True))
+            if old is not None and not _same(x, old)
+        ]
+        if mutated:
+            raise Fail(
+                "input_mutated", f"forward modified input(s) {mutated} in place", inputs=mutated
+            )
     c.outputs = outputs
     return {
         "import_s": round(import_s, 4),
@@ -356,6 +376,7 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
     }
 
 
+@_holding_gpu
 def stage_randomness(c: Candidate) -> dict[str, Any]:
     """Same RNG state twice must agree (else nondeterministic); two RNG states too (else random)."""
     atol, rtol = c.s.determinism_atol, c.s.determinism_rtol
@@ -379,6 +400,7 @@ def stage_randomness(c: Candidate) -> dict[str, Any]:
     return {"repeat_max_abs_diff": repeat_diff, "reseed_max_abs_diff": reseed_diff}
 
 
+@_holding_gpu
 def stage_degenerate(c: Candidate) -> dict[str, Any]:
     """Reject outputs a do-nothing kernel could match, or that ignore (part of) the input."""
     rtol = c.s.distinct_rtol
@@ -479,15 +501,18 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     try:
         compiled = torch.compile(c.model)
         with torch.no_grad():
-            # compiles: seconds of CPU, so outside the GPU lock (timers would wait on it)
+            # compiles: seconds of CPU, so outside the GPU lock (timers would wait on it); its
+            # kernels and inductor's autotuning run unlocked too, a residual noise source
             compiled(*c.inputs)
         outputs = c.forward(c.inputs, fn=compiled)
     except BaseException as exc:
         raise Fail(classify(exc, "compile_error"), describe(exc, c.path)) from None
     compile_s = time.perf_counter() - start
     atol, rtol = c.s.compile_atol, c.s.compile_rtol
-    diff = max_abs_diff(c.outputs, outputs)
-    if not all_close(outputs, c.outputs, atol=atol, rtol=rtol):
+    with c.gpu_shared():
+        diff = max_abs_diff(c.outputs, outputs)
+        matches = all_close(outputs, c.outputs, atol=atol, rtol=rtol)
+    if not matches:
         raise Fail(
             "compile_mismatch",
             f"compiled output differs from eager by up to {diff:.3g}",
@@ -570,14 +595,15 @@ def draw_inputs(get_inputs: Any, device: torch.device, seed: int) -> Any:
 
 
 def gpu_lock(
-    lock_dir: str, device: torch.device, *, exclusive: bool
+    lock_dir: str, device: torch.device, *, exclusive: bool, batch_timers: bool = True
 ) -> contextlib.AbstractContextManager[None]:
     """The host-wide lock of ``device``'s GPU (``filters.gpulock``), named by its UUID so that
     workers seeing it under different ``CUDA_VISIBLE_DEVICES`` indices share it. No-op without
     a lock dir (CPU, or a process with nobody to exclude)."""
     if not lock_dir:
         return contextlib.nullcontext()
-    return gpu_section(lock_dir, _gpu_ident(device), exclusive=exclusive)
+    ident = _gpu_ident(device)
+    return gpu_section(lock_dir, ident, exclusive=exclusive, batch_timers=batch_timers)
 
 
 @functools.cache

@@ -151,6 +151,7 @@ def check_settings(
         "determinism_atol": cfg.determinism_atol,
         "determinism_rtol": cfg.determinism_rtol,
         "lock_dir": lock_dir,
+        "batch_timers": cfg.batch_timers,
     }
 
 

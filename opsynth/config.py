@@ -286,6 +286,12 @@ class FiltersConfig(_Section):
     recycle_after: int = Field(default=50, ge=1, description="candidates per worker life")
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
+    batch_timers: bool = Field(
+        default=True,
+        description="timed sections queued for a GPU all run, one by one, before untimed GPU "
+        "work resumes, so the forwards in flight drain once per batch of timers; false = "
+        "timers and untimed sections alternate (filters.gpulock)",
+    )
     window_ms_cuda: tuple[float, float] = Field(
         default=(1.0, 100.0), description="eager runtime window on a GPU (CUDA Agent's)"
     )
@@ -447,12 +453,13 @@ class SizingConfig(_Section):
     )
     max_value: int = Field(default=1 << 16, ge=1, description="the batch never grows beyond this")
     max_device_gib: float = Field(
-        default=0.0,
+        default=8.0,
         ge=0,
         description="cap on a sized task's device-memory peak as its probe measured it (GPU "
-        "only): it never grows past the cap, and one over it shrinks. Tasks sized to fill the "
-        "window on an H200 held up to tens of GB, so 16 workers on one GPU ran out of memory; "
-        "0 = no cap",
+        "only): it never grows past the cap, and one over it shrinks. Uncapped, tasks sized to "
+        "fill the window on an H200 held up to tens of GB: 16 filter workers on one GPU ran "
+        "out of memory, and such tasks need a GPU as large to train or evaluate on. 8 GiB: "
+        "16 side by side fit a 141 GB H200, one fits any 16 GB GPU; 0 = no cap",
     )
 
 

@@ -153,7 +153,8 @@ def test_growth_stops_at_the_device_memory_cap() -> None:
     """Wanting 512 rows for 10 ms, but 512 rows would hold 8.25 GiB: with a 4 GiB cap the task
     grows only as far as its measured memory allows, and the record keeps every peak."""
     uncapped, _ = linear_device(per_row_ms=0.02, per_row_gib=1 / 64)
-    [free] = size_tasks([task(8)], uncapped, WINDOW, CFG)
+    no_cap = CFG.model_copy(update={"max_device_gib": 0.0})
+    [free] = size_tasks([task(8)], uncapped, WINDOW, no_cap)
     assert free.meta["sizing"]["chosen"] == 512
     cfg = CFG.model_copy(update={"max_device_gib": 4.0})
     capped, calls = linear_device(per_row_ms=0.02, per_row_gib=1 / 64)
@@ -236,3 +237,15 @@ def test_sizes_straddling_the_target_are_bisected() -> None:
     values = [step["value"] for step in out.meta["sizing"]["steps"]]
     assert values == [512, 2048, 1024]
     assert out.meta["sizing"]["chosen"] == 1024, out.meta["sizing"]
+
+
+def test_the_memory_limit_follows_the_largest_measured_batch() -> None:
+    """The first probe is mostly fixed memory (0.25 GiB base at 64 rows), so its linear estimate
+    is far too pessimistic; each larger measurement refines the limit, and the task grows to
+    the largest power of two that fits 4 GiB (3840 rows would; 2048 is the power of two)."""
+    cfg = CFG.model_copy(update={"max_device_gib": 4.0})
+    measure, calls = linear_device(per_row_ms=0.0002, per_row_gib=1 / 1024)
+    [out] = size_tasks([task(64)], measure, WINDOW, cfg)
+    record = out.meta["sizing"]
+    assert calls[0] == 64 and record["chosen"] == 2048
+    assert all(st["device_gib"] <= 4.0 for st in record["steps"])

@@ -14,9 +14,11 @@ from benchmarks.throughput import (  # noqa: E402
     final_reasons,
     parse_args,
     relative_spread,
+    reused_set,
     stage_times,
 )
-from opsynth.record import Verdict  # noqa: E402
+from opsynth.record import Task, Verdict  # noqa: E402
+from opsynth.store import write_tasks  # noqa: E402
 
 
 def test_stage_times_and_final_reasons() -> None:
@@ -51,6 +53,29 @@ def test_relative_spread_is_a_median_over_shared_tasks() -> None:
 def test_defaults_fit_the_gpu_host_budget() -> None:
     args = parse_args(["--out", "x"])
     assert args.naive_budget_s <= 180 and args.kb_limit == 0 and args.noise == 10
+
+
+def test_an_earlier_runs_set_is_reused_in_its_order(tmp_path: Path) -> None:
+    """``--tasks``: the sized set another run wrote comes back unchanged and in order, counted
+    by where each row came from, so two runs differing in one setting filter the same set."""
+
+    def task(name: str, source: str, meta: dict) -> Task:
+        code = f"# {name}\nclass Model: pass\n"
+        return Task(ops=["torch.relu"], data_source=source, code=code, meta=meta)
+
+    tasks = [
+        task("sized", "torch#2", {"sizing": {"chosen": 64}}),
+        task("kb", "kernelbench_l2", {"level": 2}),
+        task("ops6k", "torch#3", {}),
+        task("kb2", "kernelbench_l2", {"level": 2}),
+    ]
+    write_tasks(tasks, tmp_path / "candidates.parquet")
+    fixed, to_size, counts = reused_set(tmp_path / "candidates.parquet")
+    assert [t.id for t in fixed] == [t.id for t in tasks] and to_size == []
+    assert fixed[0].meta["sizing"] == {"chosen": 64}
+    assert (counts["kernelbench_l2"], counts["ops6k"], counts["composed"]) == (2, 1, 1)
+    args = parse_args(["--tasks", str(tmp_path / "candidates.parquet"), "--no-batch-timers"])
+    assert args.tasks and not args.batch_timers
 
 
 def test_memory_sampler_sees_a_child() -> None:
