@@ -58,7 +58,9 @@ def one_run(args: argparse.Namespace) -> None:
         cache_dir=cache,
         max_workers_per_gpu=args.workers_per_gpu,
     )
-    cfg = cfg.with_section("runner", kind="dask", workers=args.one)
+    cfg = cfg.with_section(
+        "runner", kind="dask", workers=args.one, shards_per_worker=args.shards_per_worker
+    )
 
     @flow(name="multi-gpu-benchmark")
     def screen_flow(progress) -> list:
@@ -146,10 +148,18 @@ def _key(row: dict[str, Any] | None) -> tuple[str, str] | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from opsynth.config import RunnerConfig
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--candidates", type=Path, required=True, help="candidates.parquet")
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="GPU counts to run")
     parser.add_argument("--shard-size", type=int, default=16, help="candidates per Dask task")
+    parser.add_argument(
+        "--shards-per-worker",
+        type=int,
+        default=RunnerConfig().shards_per_worker,
+        help="shards a Dask worker runs at once on its pool (runner.shards_per_worker)",
+    )
     parser.add_argument("--workers-per-gpu", type=int, default=8, help="sandboxed workers/GPU")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
     parser.add_argument("--borderline", type=float, default=0.1, help="relative window slack")
@@ -188,6 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = {
         "candidates": base["tasks"],
         "shard_size": args.shard_size,
+        "shards_per_worker": args.shards_per_worker,
         "workers_per_gpu": args.workers_per_gpu,
         "runs": [
             {
@@ -218,6 +229,8 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
         str(args.candidates),
         "--shard-size",
         str(args.shard_size),
+        "--shards-per-worker",
+        str(args.shards_per_worker),
         "--workers-per-gpu",
         str(args.workers_per_gpu),
         "--out",

@@ -43,17 +43,18 @@ def plan_workers(
     return plans
 
 
-def local_dask_cluster(plans: list[dict[str, str]], **kwargs: Any):
-    """A Dask cluster on this host with one single-threaded worker process per plan, each with
-    that plan's environment (prefect-dask calls this as its ``cluster_class``). One thread:
-    Prefect's client start-up in a worker is not thread-safe (two task threads starting at
-    once failed with "Server process did not start"), so shards do not overlap within a
-    worker."""
+def local_dask_cluster(plans: list[dict[str, str]], threads: int = 1, **kwargs: Any):
+    """A Dask cluster on this host with one worker process per plan, each with that plan's
+    environment and ``threads`` task threads (prefect-dask calls this as its
+    ``cluster_class``). The threads run shards side by side on the worker's one warm pool
+    (``filters.process_pool``). Two task threads once failed with "Server process did not
+    start" when each worker started a temporary Prefect server of its own; the workers now
+    share the orchestrator's (``share_prefect_server``)."""
     from distributed import Nanny, Scheduler, SpecCluster
 
     local = {"host": "127.0.0.1", "dashboard": False}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False}}
-    options = {**local, "nthreads": 1, "preload": ["filters.process_pool"]}
+    options = {**local, "nthreads": threads, "preload": ["filters.process_pool"]}
     workers = {
         f"opsynth-{i}": {"cls": Nanny, "options": {**options, "env": env}}
         for i, env in enumerate(plans)
@@ -75,7 +76,8 @@ def task_runner(runner: RunnerConfig, device: str, filters: FiltersConfig | None
         if filters is not None:
             plans = [{**env, WARM_ENV: warm_spec(filters, device)} for env in plans]
         share_prefect_server()
-        return dask_runner(cluster_class=local_dask_cluster, cluster_kwargs={"plans": plans})
+        cluster = {"plans": plans, "threads": runner.shards_per_worker}
+        return dask_runner(cluster_class=local_dask_cluster, cluster_kwargs=cluster)
     ray_runner = _runner_class("prefect_ray", "RayTaskRunner", "ray")
     return ray_runner(address=runner.address or None)
 

@@ -597,6 +597,13 @@ class RunnerConfig(_Section):
         description="GPUs each cluster worker gets on cuda (CUDA_VISIBLE_DEVICES of a local "
         "Dask worker; num_gpus of each Ray task)",
     )
+    shards_per_worker: int = Field(
+        default=2,
+        ge=1,
+        description="shards a local Dask worker runs at once (its threads); they share its "
+        "warm pool, so the next shard's candidates start on the workers the current shard's "
+        "slowest candidates leave idle; 1 = one shard at a time, each ending in a tail",
+    )
 
 
 class TrainerConfig(_Section):

@@ -129,3 +129,59 @@ def test_dask_preload_starts_the_pool_the_first_shard_then_uses(monkeypatch) -> 
         process_pool.shutdown()
     monkeypatch.delenv(process_pool.WARM_ENV)
     assert process_pool.dask_setup() is None
+
+
+def test_shards_from_two_threads_overlap_on_one_pool() -> None:
+    """Two engine threads run shards on the process's one pool at once: the second shard's
+    candidates start on the worker the first shard's slow candidate leaves free, so their
+    verdicts come while it still runs, not after it (one shard at a time). Collecting stays
+    on the pool thread, so the second call returns only after the first."""
+    import threading
+    import time
+    from datetime import datetime
+
+    from filters import process_pool
+    from filters.samples import task_source
+    from opsynth.config import FiltersConfig
+    from opsynth.record import Task
+
+    cfg = FiltersConfig(
+        workers=2, cache_dir=str(ROOT / ".cache" / "test-compile"), sandbox="rlimits"
+    )
+
+    def constant(n: int, init: str = "pass") -> Task:
+        code = task_source(f"return x * 0 + {n}", init=init, header="import time")
+        return Task(ops=["c"], data_source="torch#1", code=code)
+
+    slow = constant(1, init="time.sleep(12)")
+    first, second = [slow, constant(2)], [constant(3), constant(4)]
+    results: dict[str, dict] = {}
+
+    def run(name: str, shard: list[Task]) -> None:
+        results[name] = process_pool.evaluate(cfg, "cpu", shard)
+
+    try:
+        process_pool.evaluate(cfg, "cpu", [constant(5)])  # the pool is up and warm
+        threads = [
+            threading.Thread(target=run, args=("first", first)),
+            threading.Thread(target=run, args=("second", second)),
+        ]
+        threads[0].start()
+        time.sleep(1.0)
+        threads[1].start()
+        for thread in threads:
+            thread.join(300)
+        assert set(results) == {"first", "second"}
+        for name, shard in (("first", first), ("second", second)):
+            assert set(results[name]) == {t.id for t in shard}
+            assert all(rows[-1].reason == "constant_output" for rows in results[name].values())
+
+        def finished(rows: list) -> datetime:
+            return datetime.fromisoformat(rows[-1].created_at)
+
+        slow_done = finished(results["first"][slow.id])
+        for rows in results["second"].values():
+            assert (slow_done - finished(rows)).total_seconds() >= 3
+        assert process_pool.stats()["workers_started"] == 2  # one pool throughout
+    finally:
+        process_pool.shutdown()
