@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cpu_usage import CpuSampler  # noqa: E402
 from benchmarks.gpu_usage import GpuSampler  # noqa: E402
 from benchmarks.proc_memory import MemorySampler  # noqa: E402
 from filters.audit import audit_tasks, load_task_set  # noqa: E402
@@ -207,7 +208,7 @@ def pool_run(
         if shuffle:
             random.Random(seed).shuffle(everything)  # noise tasks land among compiling ones
         filter_start = time.perf_counter()
-        with GpuSampler() as gpu:
+        with GpuSampler() as gpu, CpuSampler() as cpu:
             result = audit_tasks(everything, cfg, device, progress=_every(25), pool=pool)
         filter_s = time.perf_counter() - filter_start
         stats = dict(pool.stats)
@@ -224,6 +225,7 @@ def pool_run(
         "filter_s": filter_s,
         "filter_retry_s": float(stats.get("retried_alone_s") or 0.0) - sizing_retry_s,
         "gpu_usage": gpu.summary(),
+        "cpu_usage": cpu.summary(),
         "stats": stats,
         "peak_rss_total_gb": memory.peak_total / 2**30,
         "peak_rss_process_gb": memory.peak_process / 2**30,
@@ -317,6 +319,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
             "retried_alone_s": pool["stats"].get("retried_alone_s"),
             "filter_retry_s": round(pool["filter_retry_s"], 1),
             "gpu_usage": pool["gpu_usage"],
+            "cpu_usage": pool["cpu_usage"],
             "children": {
                 k: pool["stats"].get(f"child_{k}")
                 for k in ("prestarted", "fresh", "replaced", "refused", "unresponsive")
@@ -425,6 +428,15 @@ def table(s: dict[str, Any]) -> str:
                 f"{use['utilization_mean_pct']}% / {use['utilization_median_pct']}%; "
                 f"{use['memory_peak_gib']} of {use['memory_total_gib']} GiB; "
                 f"{use['memory_nearly_full_share'] * 100:.0f}%",
+            )
+        )
+    host = p["cpu_usage"]
+    if host:
+        rows.append(
+            (
+                "host CPU while filtering: busy mean / median; share of samples > 90% busy",
+                f"{host['busy_mean_pct']}% / {host['busy_median_pct']}%; "
+                f"{host['saturated_share'] * 100:.0f}%",
             )
         )
     rows.append(("final reasons", ", ".join(f"{k} {v}" for k, v in p["final_reasons"].items())))

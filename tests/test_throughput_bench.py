@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -139,3 +140,36 @@ def test_gpu_samples_are_summarised_per_gpu() -> None:
     assert summary["0"]["memory_peak_gib"] == 127.0
     assert summary["0"]["memory_nearly_full_share"] == 0.5
     assert summary["1"]["samples"] == 1 and summary["1"]["memory_nearly_full_share"] == 0.0
+
+
+def test_host_cpu_busy_share_from_proc_stat() -> None:
+    """Busy = everything but idle and iowait; the share is over the interval between two
+    readings, so a core spinning in a child shows up in a live sample."""
+    import subprocess
+
+    from benchmarks import cpu_usage
+
+    before = cpu_usage.cpu_times("cpu  100 0 50 800 50 0 0 0 0 0")
+    after = cpu_usage.cpu_times("cpu  400 0 150 900 50 0 0 0 0 0")
+    assert before == (150, 1000) and after == (550, 1500)
+    assert cpu_usage.busy_share(before, after) == 0.8
+    assert (
+        cpu_usage.cpu_times("cpu0 1 2 3 4") is None and cpu_usage.busy_share(after, after) is None
+    )
+    summary = cpu_usage.summarise([0.95, 0.5, 0.99, 0.2])
+    assert summary == {
+        "samples": 4,
+        "busy_mean_pct": 66.0,
+        "busy_median_pct": 72.5,
+        "saturated_share": 0.5,
+    }
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with cpu_usage.CpuSampler(every_s=0.2) as sampler:
+            time.sleep(1.0)
+    finally:
+        spin.kill()
+        spin.wait()
+    found = sampler.summary()
+    assert found is not None and found["samples"] >= 3
+    assert found["busy_overall_pct"] >= 100 / (os.cpu_count() or 1) * 0.5  # one core's worth
