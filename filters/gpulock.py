@@ -77,18 +77,19 @@ def gpu_section(
     if _holding:
         raise RuntimeError("a timed GPU section cannot start inside an untimed one")
     asked = time.perf_counter()
-    fds = [_open(lock_dir, f"gpu-{ident}.{name}") for name in ("gate", "turnstile", "lock")]
-    gate, turnstile, lock = fds
+    # the file that gives a waiting timer priority: the gate, or the turnstile
+    priority = _open(lock_dir, f"gpu-{ident}.{'gate' if batch_timers else 'turnstile'}")
+    lock = _open(lock_dir, f"gpu-{ident}.lock")
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     try:
         if not batch_timers:
-            with _held(turnstile, fcntl.LOCK_EX):
+            with _held(priority, fcntl.LOCK_EX):
                 fcntl.flock(lock, mode)
         else:
             if exclusive:
-                fcntl.flock(gate, fcntl.LOCK_SH)  # held until this section ends
+                fcntl.flock(priority, fcntl.LOCK_SH)  # held until this section ends
             else:
-                with _held(gate, fcntl.LOCK_EX):  # passes once no timer waits or times
+                with _held(priority, fcntl.LOCK_EX):  # passes once no timer waits or times
                     pass
             fcntl.flock(lock, mode)
         _waited_s += time.perf_counter() - asked
@@ -99,9 +100,9 @@ def gpu_section(
         finally:
             _holding = None
             fcntl.flock(lock, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.flock(priority, fcntl.LOCK_UN)
             if exclusive:
                 _exclusive_s += time.perf_counter() - held
     finally:
-        for fd in fds:
-            os.close(fd)
+        os.close(lock)
+        os.close(priority)

@@ -136,6 +136,16 @@ def memory_limit(value: int, device_gib: float, cap_gib: float) -> int:
     return 2 ** math.floor(math.log2(allowed)) if allowed >= 1 else 1
 
 
+def _memory_limit(steps: list[dict[str, Any]], cap_gib: float) -> int:
+    """The batch limit from the largest batch measured with a memory reading (see the module
+    doc: its proportional estimate is the tightest safe one); no limit without a cap or one."""
+    read = [st for st in steps if st.get("device_gib") is not None]
+    if cap_gib <= 0 or not read:
+        return NO_LIMIT
+    largest = max(read, key=lambda st: st["value"])
+    return memory_limit(largest["value"], largest["device_gib"], cap_gib)
+
+
 def _distance(ms: float, target: float) -> float:
     return abs(math.log(ms / target))
 
@@ -147,8 +157,6 @@ class _Sizing:
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     variants: dict[int, Task] = dataclasses.field(default_factory=dict)
     current: int = 0
-    limit: int = NO_LIMIT  # the largest batch the measured memory allows
-    limit_from: int = 0  # the batch whose memory reading set ``limit``
     done: bool = False
     device: str = ""
     note: str = ""
@@ -187,19 +195,15 @@ def size_tasks(
             if probe.ms is None or probe.ms <= 0:
                 s.done = True
                 continue
-            over = False
-            if cfg.max_device_gib > 0 and gib is not None:
-                over = gib > cfg.max_device_gib
-                if s.current >= s.limit_from:
-                    s.limit_from = s.current
-                    s.limit = memory_limit(s.current, gib, cfg.max_device_gib)
+            over = cfg.max_device_gib > 0 and gib is not None and gib > cfg.max_device_gib
             if not over and target / cfg.band <= probe.ms <= target * cfg.band:
                 s.done = True
                 continue
-            value: int | None = min(next_value(s.current, probe.ms, target, cfg), s.limit)
+            limit = _memory_limit(s.steps, cfg.max_device_gib)
+            value: int | None = min(next_value(s.current, probe.ms, target, cfg), limit)
             if value in s.variants:
                 value = _bisect(s.steps, target)
-                value = None if value is None else min(value, s.limit)
+                value = None if value is None else min(value, limit)
             if value is None or value in s.variants or len(s.steps) > cfg.max_steps:
                 s.done = True
                 continue
