@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from filters.gpulock import exclusive_s, gpu_section, waited_s
+from filters.gpulock import exclusive_s, gpu_section, held, waited_s
 from filters.reasons import STAGES, stages_of
 
 Emit = Callable[[dict[str, Any]], None]
@@ -219,17 +219,21 @@ class Candidate:
 
 
 class DeviceInit:
-    """Creates the CUDA context on a thread. Every candidate is a fresh process, so each needs
-    a context of its own (2.06 s median on an H200 with 16 workers creating theirs at the same
-    time). The worker starts this in its prestarted child while the previous candidate still
-    runs (``start_device_init``), so a candidate usually finds its context ready; otherwise the
-    candidate starts it, where it overlaps importing and building the model on the CPU. Either
-    way it happens before, not inside, the GPU lock's shared section that moves the model (a
-    queued timer would wait for it)."""
+    """Creates the CUDA context, and warms cuBLAS and cuDNN, on a thread. Every candidate is a
+    fresh process, so each needs a context of its own (4.6-6.4 s median on an H200 with 16
+    workers creating theirs at the same time), and its first matmul or convolution would create
+    the library's handle and load its kernels (there, a candidate's first forward took 223 ms
+    median without a convolution and 547 ms with one, where its later runs take a few ms; 134
+    and 150 ms with the libraries warmed here). The worker starts this in its prestarted child
+    while the previous candidate still runs (``start_device_init``), so a candidate usually
+    finds it done; otherwise the candidate starts it, where it overlaps importing and building
+    the model on the CPU. Either way it happens before, not inside, the GPU lock's shared
+    sections (a queued timer waits for every shared section in flight)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.seconds = 0.0
+        self.warm_seconds = 0.0
         self.failed = False
         self._thread: threading.Thread | None = None
         if device.type == "cuda":
@@ -244,6 +248,12 @@ class DeviceInit:
             # the failure resurfaces, with its message, at the candidate's first CUDA call
             self.failed = True
         self.seconds = time.perf_counter() - start
+        if self.failed:
+            return
+        start = time.perf_counter()
+        with contextlib.suppress(BaseException):  # a library that fails here fails the candidate
+            warm_libraries(device)
+        self.warm_seconds = time.perf_counter() - start
 
     @property
     def done(self) -> bool:
@@ -255,6 +265,23 @@ class DeviceInit:
         if self._thread is not None:
             self._thread.join()
         return time.perf_counter() - start
+
+
+def warm_libraries(device: torch.device) -> None:
+    """One tiny matmul, linear and convolution: the libraries load and create their handles.
+    Handles are per thread, but a finished thread returns them to torch's pool, where the
+    candidate's thread takes them up. No random draws: they would move the CUDA generator a
+    constructor that draws on the GPU starts from. The kernels take microseconds, so running
+    them outside the GPU lock does not disturb a timer."""
+    x = torch.ones(8, 16, device=device)
+    w = torch.ones(16, 16, device=device)
+    x @ w
+    torch.nn.functional.linear(x, w, torch.ones(16, device=device))  # cuBLASLt, with bias
+    image = torch.ones(1, 4, 8, 8, device=device)
+    kernel = torch.ones(4, 4, 3, 3, device=device)
+    torch.nn.functional.conv2d(image, kernel)
+    torch.nn.functional.conv_transpose2d(image, kernel)
+    torch.cuda.synchronize(device)
 
 
 _early_init: DeviceInit | None = None
@@ -276,19 +303,6 @@ def device_init_for(device: torch.device) -> DeviceInit:
 
 # --------------------------------------------------------------------------------------------
 # Stages
-
-
-def _holding_gpu(stage: Callable[[Candidate], dict[str, Any]]):
-    """Run a stage whose every step is GPU work (forwards, and the reductions comparing their
-    outputs) inside one shared GPU section: the comparisons of gigabyte outputs are kernels
-    too, and a timer overlapping them reads slow."""
-
-    @functools.wraps(stage)
-    def holding(c: Candidate) -> dict[str, Any]:
-        with c.gpu_shared():
-            return stage(c)
-
-    return holding
 
 
 def stage_eager(c: Candidate) -> dict[str, Any]:
@@ -368,6 +382,7 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
         "init_s": round(init_s, 4),
         "build_s": round(build_s, 4),
         "device_init_s": round(c.device_init.seconds, 4),
+        "device_warm_s": round(c.device_init.warm_seconds, 4),
         "device_wait_s": round(device_wait_s, 4),
         "first_forward_ms": round(first_ms, 4),
         "parameters": sum(p.numel() for p in c.model.parameters()),
@@ -376,38 +391,45 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
     }
 
 
-@_holding_gpu
 def stage_randomness(c: Candidate) -> dict[str, Any]:
-    """Same RNG state twice must agree (else nondeterministic); two RNG states too (else random)."""
+    """Same RNG state twice must agree (else nondeterministic); two RNG states too (else random).
+
+    Each forward holds the GPU shared together with the comparison of its output (reductions
+    over gigabyte tensors are kernels too, which a timer must not overlap), and lets go before
+    the next one: a queued timer waits for the step in flight, not for the whole stage."""
     atol, rtol = c.s.determinism_atol, c.s.determinism_rtol
-    repeat = c.forward(c.inputs, SEED_RUN)
-    repeat_diff = max_abs_diff(c.outputs, repeat)
-    if not all_close(c.outputs, repeat, atol=atol, rtol=rtol):
-        raise Fail(
-            "nondeterministic",
-            f"two runs with the same RNG state differ by up to {repeat_diff:.3g}",
-            repeat_max_abs_diff=repeat_diff,
-        )
-    reseeded = c.forward(c.inputs, SEED_RUN + 1)
-    reseed_diff = max_abs_diff(c.outputs, reseeded)
-    if not all_close(c.outputs, reseeded, atol=atol, rtol=rtol):
-        raise Fail(
-            "random",
-            f"outputs depend on the RNG state (differ by up to {reseed_diff:.3g}); "
-            "dropout in train mode or random numbers in forward",
-            reseed_max_abs_diff=reseed_diff,
-        )
+    with c.gpu_shared():
+        repeat = c.forward(c.inputs, SEED_RUN)
+        repeat_diff = max_abs_diff(c.outputs, repeat)
+        if not all_close(c.outputs, repeat, atol=atol, rtol=rtol):
+            raise Fail(
+                "nondeterministic",
+                f"two runs with the same RNG state differ by up to {repeat_diff:.3g}",
+                repeat_max_abs_diff=repeat_diff,
+            )
+    del repeat
+    with c.gpu_shared():
+        reseeded = c.forward(c.inputs, SEED_RUN + 1)
+        reseed_diff = max_abs_diff(c.outputs, reseeded)
+        if not all_close(c.outputs, reseeded, atol=atol, rtol=rtol):
+            raise Fail(
+                "random",
+                f"outputs depend on the RNG state (differ by up to {reseed_diff:.3g}); "
+                "dropout in train mode or random numbers in forward",
+                reseed_max_abs_diff=reseed_diff,
+            )
     return {"repeat_max_abs_diff": repeat_diff, "reseed_max_abs_diff": reseed_diff}
 
 
-@_holding_gpu
 def stage_degenerate(c: Candidate) -> dict[str, Any]:
-    """Reject outputs a do-nothing kernel could match, or that ignore (part of) the input."""
+    """Reject outputs a do-nothing kernel could match, or that ignore (part of) the input.
+    One GPU section per step, as in ``stage_randomness``."""
     rtol = c.s.distinct_rtol
     for k, t in enumerate(c.outputs):
-        f = _real(t)
-        if f.numel() > 1:
-            lo, hi = float(f.min()), float(f.max())
+        if t.numel() > 1 or t.is_complex():  # a complex scalar is two reals
+            with c.gpu_shared():
+                f = _real(t)
+                lo, hi = float(f.min()), float(f.max())
             scale = max(abs(lo), abs(hi))
             if hi - lo <= rtol * scale:
                 raise Fail(
@@ -419,14 +441,16 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
                     magnitude=scale,
                 )
     for k, t in enumerate(c.outputs):
-        trivial = trivial_answer(t, atol=c.s.compile_atol, rtol=c.s.compile_rtol)
+        with c.gpu_shared():
+            trivial = trivial_answer(t, atol=c.s.compile_atol, rtol=c.s.compile_rtol)
+            max_abs = float(_real(t).abs().max()) if trivial else 0.0
         if trivial:
             raise Fail(
                 "trivial_answer",
                 f"output {k}: {trivial} passes allclose(atol={c.s.compile_atol}, "
                 f"rtol={c.s.compile_rtol}) against the real output",
                 output=k,
-                max_abs=float(_real(t).abs().max()),
+                max_abs=max_abs,
             )
 
     draws = [c.inputs] + [c.draw(i) for i in range(1, c.s.input_draws)]
@@ -434,7 +458,8 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
     pairwise = []
     for i in range(len(outputs)):
         for j in range(i + 1, len(outputs)):
-            d = rel_diff(outputs[i], outputs[j])
+            with c.gpu_shared():
+                d = rel_diff(outputs[i], outputs[j])
             pairwise.append(d)
             if d <= rtol:
                 raise Fail(
@@ -443,16 +468,18 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
                     draws=[i, j],
                     rel_diff=d,
                 )
+    del outputs
 
     influence: dict[str, float] = {}
     for k, (x, other) in enumerate(zip(c.inputs, draws[1], strict=False)):
         if not (isinstance(x, torch.Tensor) and isinstance(other, torch.Tensor)):
             continue
-        if x.shape != other.shape or _same(x, other):
-            continue  # a deterministic input cannot be varied without knowing its meaning
-        mixed = list(c.inputs)
-        mixed[k] = other
-        d = rel_diff(c.outputs, c.forward(mixed))
+        with c.gpu_shared():
+            if x.shape != other.shape or _same(x, other):
+                continue  # a deterministic input cannot be varied without knowing its meaning
+            mixed = list(c.inputs)
+            mixed[k] = other
+            d = rel_diff(c.outputs, c.forward(mixed))
         influence[str(k)] = d
         if d <= rtol:
             raise Fail(
@@ -499,10 +526,8 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     """torch.compile (default mode) runs and matches eager within the evaluator's tolerance."""
     start = time.perf_counter()
     try:
-        compiled = torch.compile(c.model)
+        compiled = compile_locked(c)
         with torch.no_grad():
-            # compiles: seconds of CPU, so outside the GPU lock (timers would wait on it); its
-            # kernels and inductor's autotuning run unlocked too, a residual noise source
             compiled(*c.inputs)
         outputs = c.forward(c.inputs, fn=compiled)
     except BaseException as exc:
@@ -533,6 +558,34 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     if c.eager_ms:
         measures["speedup"] = round(c.eager_ms / median, 4) if median > 0 else None
     return measures
+
+
+def compile_locked(c: Candidate) -> Any:
+    """``torch.compile(c.model)`` (inductor, default mode) whose compiled graphs run inside a
+    shared GPU section. The first call compiles for seconds on the CPU, which must stay outside
+    the lock (a queued timer would wait for it), then runs the graphs, where inductor also
+    benchmarks the candidate configs of its kernels: GPU work a timer must not overlap. So the
+    lock is taken around each compiled graph's run, not around the call. Eager code between
+    graphs (a graph break) of that first call still runs unlocked. Without a lock (CPU, a lone
+    process) this is plain ``torch.compile``."""
+    if not c.lock_dir:
+        return torch.compile(c.model)
+    inductor = torch._dynamo.lookup_backend("inductor")
+
+    def backend(graph: Any, example_inputs: Any) -> Any:
+        compiled = inductor(graph, example_inputs)
+
+        def run(*args: Any) -> Any:
+            if held():  # a timed or untimed section already covers this run
+                return compiled(*args)
+            with c.gpu_shared():
+                return compiled(*args)
+
+        # inductor may return a function that takes its arguments as one list; keep that
+        run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+        return run
+
+    return torch.compile(c.model, backend=backend)
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,6 +51,11 @@ def exclusive_s() -> float:
     return _exclusive_s
 
 
+def held() -> str | None:
+    """The section this process holds now: None, "shared" or "exclusive"."""
+    return _holding
+
+
 def _open(lock_dir: str, name: str) -> int:
     return os.open(os.path.join(lock_dir, name), os.O_RDWR | os.O_CREAT, 0o666)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from filters import reasons
+from filters import checks, reasons
 from filters.pool import WorkerPool
 from filters.samples import GOOD, SAMPLES, Sample, task_source
 from filters.smoke import run_smoke
@@ -147,3 +151,56 @@ def test_every_sample_gets_its_reason_on_cuda(cache_dir: str) -> None:
             last.detail,
         )
         assert last.device.startswith("cuda:")
+
+
+COMPILED_SOURCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2 + x.sum(dim=-1, keepdim=True)
+
+def get_inputs():
+    return [torch.randn(256, 4096)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _blocked_on(inode: int) -> bool:
+    """Whether some process waits for a lock on ``inode`` (the ``->`` lines of /proc/locks)."""
+    with open("/proc/locks") as fh:
+        return any("->" in line and f":{inode} " in line for line in fh)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_graphs_wait_for_a_queued_timer(tmp_path: Path) -> None:
+    """Inductor benchmarks its kernels' configs on the first compiled run: GPU work, so the
+    compiled graph waits while a timer waits for the GPU, and runs once the timer is done."""
+    path = tmp_path / "candidate.py"
+    path.write_text(COMPILED_SOURCE)
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
+    c = checks.Candidate(str(path), checks.Settings(device="cuda", lock_dir=str(lock_dir)))
+    c.module = checks.load_module(str(path))
+    c.model = c.module.Model().cuda()
+    c.inputs = [torch.randn(256, 4096, device="cuda")]
+    compiled = checks.compile_locked(c)
+
+    gate = os.open(lock_dir / f"gpu-{checks._gpu_ident(c.device)}.gate", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(gate, fcntl.LOCK_SH)  # what a timer holds while it waits and times
+    result: dict[str, Any] = {}
+    run = threading.Thread(target=lambda: result.update(out=compiled(*c.inputs)))
+    run.start()
+    inode, deadline = os.fstat(gate).st_ino, time.monotonic() + 300
+    while run.is_alive() and not _blocked_on(inode) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run.is_alive(), "the compiled graph ran while a timer waited for the GPU"
+    assert _blocked_on(inode)
+    fcntl.flock(gate, fcntl.LOCK_UN)
+    os.close(gate)
+    run.join(300)
+    with torch.no_grad():
+        assert torch.allclose(result["out"], c.model(*c.inputs), atol=1e-4, rtol=1e-4)
