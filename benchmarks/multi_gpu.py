@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.one:
         one_run(args)
         return {}
+    from benchmarks.throughput import device_init
     from opsynth.config import FiltersConfig
     from opsynth.store import read_table
 
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["final"] = final_rows(rows)
         result["per_minute"] = round(result["tasks"] / result["wall_s"] * 60, 1)
         result["filter_span_s"] = filter_span_s(rows)
+        result["device_init"] = device_init(rows)
         runs.append(result)
         print(f"  {result['wall_s']:.0f} s, {result['per_minute']}/min", flush=True)
     base = runs[0]
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "filter_span_speedup": _ratio(base["filter_span_s"], r["filter_span_s"]),
                 "kept": sum(1 for v in r["final"].values() if v["reason"] == "ok"),
                 "verdicts_vs_first": compare(base["final"], r["final"], window, args.borderline),
+                "device_init": r["device_init"],
             }
             for r in runs
         ],
@@ -243,15 +246,19 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
 def table(summary: dict[str, Any]) -> str:
     lines = [
         "| GPUs | wall s | candidates/min | speed-up | filter span s | span speed-up | kept "
-        "| identical verdicts | borderline | mismatches |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| identical verdicts | borderline | mismatches "
+        "| CUDA context: creation median s; candidates' wait total s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in summary["runs"]:
         c = r["verdicts_vs_first"]
+        init = r.get("device_init") or {}
+        context = f"{init.get('creation_median_s')}; {init.get('wait_total_s')}" if init else "n/a"
         lines.append(
             f"| {r['gpus']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x "
             f"| {r['filter_span_s']} | {r['filter_span_speedup']}x | {r['kept']} "
-            f"| {c['identical']}/{c['tasks']} | {len(c['borderline'])} | {len(c['mismatch'])} |"
+            f"| {c['identical']}/{c['tasks']} | {len(c['borderline'])} | {len(c['mismatch'])} "
+            f"| {context} |"
         )
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
 """The naive harness's unit of work: one fresh Python process for one candidate file.
 
-    python benchmarks/naive_candidate.py CANDIDATE.py SETTINGS.json
+    python benchmarks/naive_candidate.py CANDIDATE.py SETTINGS.json DATA_SOURCE
 
 Runs the same filters as the warm pool (the static check, then ``filters.checks.run_candidate``
 in this process, under the pool's per-candidate rlimits) with nothing reused: torch is
@@ -18,12 +18,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def main(code_path: str, settings_path: str) -> None:
+def main(code_path: str, settings_path: str, data_source: str) -> None:
     from filters.static_check import StaticCheck
     from opsynth.record import Task
 
     code = Path(code_path).read_text()
-    decision = StaticCheck().filter(Task(ops=["naive"], data_source="naive", code=code))
+    # the data source decides what the static check allows (transformers imports)
+    decision = StaticCheck().filter(Task(ops=["naive"], data_source=data_source, code=code))
     if not decision.keep:
         rows = [{"stage": "static", "passed": False, "reason": decision.reason}]
         print(json.dumps(rows))
@@ -41,4 +42,4 @@ def main(code_path: str, settings_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

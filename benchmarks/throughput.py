@@ -11,7 +11,8 @@ the static check and every sandboxed stage on one ``WorkerPool``: candidates per
 seconds per stage (the verdict rows' ``elapsed_s``), peak worker memory (/proc). Then a seeded
 subset (``--naive``, bounded by ``--naive-budget-s``) goes through the naive harness: one fresh
 process per candidate, sequentially, the same filters, an empty compile cache each time; its
-rate is extrapolated from the subset's mean seconds per candidate. Timing noise: the eager
+rate is extrapolated from the subset, drawn and weighted by the pool's final reasons (see
+``naive_subset``). Timing noise: the eager
 median of ``--noise`` tasks measured while the pool's other workers compiled, against the same
 tasks measured alone (one worker, twice: the second pair is the noise floor). The pool's
 compile cache starts empty too (``--warm-cache`` uses the shared one), so both sides compile
@@ -145,10 +146,19 @@ def stage_times(verdicts: list[Verdict]) -> dict[str, dict[str, float]]:
     }
 
 
-def device_init(verdicts: list[Verdict]) -> dict[str, float] | None:
+def device_init(verdicts: list[Verdict] | list[dict[str, Any]]) -> dict[str, float] | None:
     """From the eager rows: the CUDA context's creation (median s) and what candidates waited
-    for it (median and total s); a prestarted child has it ready before its candidate starts."""
-    rows = [v.measures for v in verdicts if v.stage == "eager" and "device_wait_s" in v.measures]
+    for it (median and total s); a prestarted child has it ready before its candidate starts.
+    The host creates contexts one at a time (``benchmarks/context_creation.py``), so a long
+    wait means candidates arrive faster than the host makes contexts."""
+    rows = []
+    for v in verdicts:
+        row = v if isinstance(v, dict) else v.__dict__
+        measures = row.get("measures") or {}
+        if isinstance(measures, str):  # as read back from parquet
+            measures = json.loads(measures)
+        if row["stage"] == "eager" and "device_wait_s" in measures:
+            rows.append(measures)
     if not rows:
         return None
     waits = [float(m["device_wait_s"]) for m in rows]
@@ -166,6 +176,43 @@ def final_reasons(verdicts: list[Verdict] | list[dict[str, Any]]) -> dict[str, s
         row = v if isinstance(v, dict) else v.__dict__
         last[row["task_id"]] = row["reason"]
     return last
+
+
+def naive_subset(tasks: list[Task], final: dict[str, str], n: int, seed: int) -> list[Task]:
+    """``n`` tasks whose final reasons follow the pool's mix: systematic sampling over the
+    tasks ordered by final reason. What a naive run costs depends on how far its candidate
+    gets (a trivial answer is rejected in 4 s, a kept candidate compiles), so a plain random
+    sample of a few can miss the expensive ones altogether."""
+    rng = random.Random(seed)
+    shuffled = list(tasks)
+    rng.shuffle(shuffled)
+    ordered = sorted(shuffled, key=lambda t: final.get(t.id, ""))
+    n = min(n, len(ordered))
+    if n == 0:
+        return []
+    step = len(ordered) / n
+    offset = rng.random() * step
+    picked = [ordered[int(offset + i * step)] for i in range(n)]
+    rng.shuffle(picked)  # a budget that stops the run early still leaves a mixed sample
+    return picked
+
+
+def naive_seconds_per_task(rows: list[dict[str, Any]], final: dict[str, str]) -> float | None:
+    """The naive harness's mean seconds per candidate over the pool's whole set: each final
+    reason's mean over the candidates of it that ran, weighted by the pool's count of that
+    reason; a reason none of which ran gets the mean of all that ran."""
+    if not rows:
+        return None
+    overall = statistics.mean(r["seconds"] for r in rows)
+    by_reason: dict[str, list[float]] = {}
+    for r in rows:
+        by_reason.setdefault(final.get(r["task_id"], ""), []).append(r["seconds"])
+    counts = _count(final.values())
+    total = sum(counts.values())
+    return sum(
+        count * (statistics.mean(by_reason[reason]) if reason in by_reason else overall)
+        for reason, count in counts.items()
+    ) / max(total, 1)
 
 
 def eager_medians(rows: dict[str, list[Verdict]]) -> dict[str, float]:
@@ -255,7 +302,7 @@ def naive_run(
             start = time.perf_counter()
             try:
                 done = subprocess.run(
-                    [sys.executable, str(NAIVE), str(code), str(settings_path)],
+                    [sys.executable, str(NAIVE), str(code), str(settings_path), task.data_source],
                     capture_output=True,
                     text=True,
                     env=env,
@@ -286,9 +333,9 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
     pool_rate = n / pool["filter_s"] * 60 if pool["filter_s"] else 0.0
     e2e_s = pool["start_s"] + pool["size_s"] + pool["filter_s"]
     done = len(naive["seconds"])
-    naive_mean = statistics.mean(naive["seconds"]) if done else None
-    naive_rate = 60 / naive_mean if naive_mean else None
     pool_final = final_reasons(pool["verdicts"])
+    naive_mean = naive_seconds_per_task(naive["rows"], pool_final)
+    naive_rate = 60 / naive_mean if naive_mean else None
     agree = sum(1 for r in naive["rows"] if pool_final.get(r["task_id"]) == r["reason"])
     concurrent = eager_medians(pool["by_task"])
     return {
@@ -362,7 +409,9 @@ def table(s: dict[str, Any]) -> str:
     p, nv, noise = s["pool"], s["naive"], s["noise"]
     c = s["candidates"]
     mix = f"{c['kernelbench_l2']} KB-L2 + {c['ops6k']} Ops-6K + {c['composed']} composed"
-    naive_note = f"{nv['subset']} run, extrapolated" if nv["extrapolated"] else "all"
+    naive_note = (
+        f"{nv['subset']} run, extrapolated by final reason" if nv["extrapolated"] else "all"
+    )
     rows = [
         ("device", f"{s['device']} {s['device_name'] or ''}, torch {s['torch_version']}"),
         (
@@ -468,7 +517,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=0, help="0 = derived from the host")
     parser.add_argument("--naive", type=int, default=20, help="candidates run the naive way")
     parser.add_argument("--naive-budget-s", type=float, default=120.0, help="naive stops after")
-    parser.add_argument("--noise", type=int, default=10, help="tasks of the noise measurement")
+    parser.add_argument("--noise", type=int, default=16, help="tasks of the noise measurement")
     parser.add_argument("--warm-cache", action="store_true", help="reuse the shared compile cache")
     parser.add_argument(
         "--max-device-gib",
@@ -519,7 +568,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     noise_tasks = list({t.id: t for t in preferred}.values())[: args.noise]
     alone = alone_medians(noise_tasks, cfg, device) if noise_tasks else []
-    subset = random.Random(args.seed).sample(pool["tasks"], min(args.naive, len(pool["tasks"])))
+    subset = naive_subset(pool["tasks"], final_reasons(pool["verdicts"]), args.naive, args.seed)
     log(f"noise: {len(noise_tasks)} tasks timed alone; naive harness next")
     naive = naive_run(subset, cfg, device, args.naive_budget_s)
     summary = summarise(args, counts, cfg, device, pool, naive, alone)

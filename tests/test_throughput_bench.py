@@ -13,11 +13,16 @@ from benchmarks.gpu_usage import parse_line, summarise  # noqa: E402
 from benchmarks.proc_memory import descendants_rss  # noqa: E402
 from benchmarks.throughput import (  # noqa: E402
     final_reasons,
+    naive_run,
+    naive_seconds_per_task,
+    naive_subset,
     parse_args,
     relative_spread,
     reused_set,
     stage_times,
 )
+from filters.samples import GOOD  # noqa: E402
+from opsynth.config import FiltersConfig  # noqa: E402
 from opsynth.record import Task, Verdict  # noqa: E402
 from opsynth.store import write_tasks  # noqa: E402
 
@@ -51,9 +56,45 @@ def test_relative_spread_is_a_median_over_shared_tasks() -> None:
     assert relative_spread({}, alone) is None
 
 
+def test_naive_subset_follows_the_pools_mix_of_final_reasons() -> None:
+    """Eight in ten kept: a sample of five holds four kept and one rejected, whatever the seed
+    (a plain random sample of five misses the rejected one about a third of the time)."""
+    tasks = [Task(ops=["relu"], data_source="x", code=f"# {i}") for i in range(100)]
+    final = {t.id: ("ok" if i % 5 else "too_fast") for i, t in enumerate(tasks)}
+    for seed in range(20):
+        picked = naive_subset(tasks, final, 5, seed)
+        assert len({t.id for t in picked}) == 5
+        assert sorted(final[t.id] for t in picked) == ["ok"] * 4 + ["too_fast"]
+    assert naive_subset(tasks, final, 0, 0) == []
+    assert len(naive_subset(tasks[:3], final, 5, 0)) == 3
+
+
+def test_naive_cost_is_weighted_by_the_pools_final_reasons() -> None:
+    final = {"a": "ok", "b": "ok", "c": "ok", "d": "too_fast", "e": "constant_output"}
+    rows = [
+        {"task_id": "a", "seconds": 12.0},
+        {"task_id": "d", "seconds": 6.0},
+    ]
+    # ok: 3 x 12; too_fast: 1 x 6; constant_output (none ran): the mean of all that ran, 9
+    assert naive_seconds_per_task(rows, final) == (36 + 6 + 9) / 5
+    assert naive_seconds_per_task([], final) is None
+
+
+def test_naive_harness_checks_a_task_as_its_data_source_allows(tmp_path: Path) -> None:
+    """A task from transformers may import it; the same code from torch may not."""
+    code = "from transformers.activations import ACT2FN\n" + GOOD
+    cfg = FiltersConfig(warmup_runs=1, timed_runs=3, task_timeout_s=300.0)
+    tasks = [
+        Task(ops=["nn.Linear"], data_source="transformers", code=code),
+        Task(ops=["nn.Linear"], data_source="torch#1", code=code),
+    ]
+    rows = naive_run(tasks, cfg, "cpu", budget_s=600.0)["rows"]
+    assert [r["reason"] for r in rows] == ["ok", "forbidden_import"]
+
+
 def test_defaults_fit_the_gpu_host_budget() -> None:
     args = parse_args(["--out", "x"])
-    assert args.naive_budget_s <= 180 and args.kb_limit == 0 and args.noise == 10
+    assert args.naive_budget_s <= 180 and args.kb_limit == 0 and args.noise == 16
 
 
 def test_an_earlier_runs_set_is_reused_in_its_order(tmp_path: Path) -> None:
@@ -173,3 +214,24 @@ def test_host_cpu_busy_share_from_proc_stat() -> None:
     found = sampler.summary()
     assert found is not None and found["samples"] >= 3
     assert found["busy_overall_pct"] >= 100 / (os.cpu_count() or 1) * 0.5  # one core's worth
+
+
+def test_context_waits_read_the_same_from_verdicts_and_parquet_rows() -> None:
+    """``multi_gpu.py`` reads verdicts back from parquet (measures as JSON text); the
+    throughput benchmark has them in memory: both give the same context summary."""
+    import json
+
+    from benchmarks.throughput import device_init
+
+    measures = [
+        {"device_init_s": 4.0, "device_wait_s": 0.0},
+        {"device_init_s": 6.0, "device_wait_s": 1.5},
+        {"device_init_s": 9.0, "device_wait_s": 3.0},
+    ]
+    verdicts = [Verdict(f"t{i}", "eager", True, "ok", measures=m) for i, m in enumerate(measures)]
+    verdicts.append(Verdict("t0", "runtime", True, "ok", measures={"device_wait_s": 99.0}))
+    rows = [{**v.__dict__, "measures": json.dumps(v.measures)} for v in verdicts]
+    expected = {"creation_median_s": 6.0, "wait_median_s": 1.5, "wait_total_s": 4.5}
+    assert device_init(verdicts) == expected
+    assert device_init(rows) == expected
+    assert device_init(verdicts[-1:]) is None
