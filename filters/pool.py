@@ -56,6 +56,8 @@ MAX_LINE_BYTES = 16 << 20
 RETIRE_S = 10.0
 # The sizing probe: build and run the model, then time it; nothing else.
 MEASURE_STAGES = ("eager", "runtime")
+# A sizing probe's check settings: eager and the timed runs only, no window.
+MEASURE_OVERRIDES: dict[str, Any] = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
 # Host-wide (per user) dir of per-GPU timing locks, shared by every pool on the host.
 LOCK_DIR = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")
 
@@ -390,8 +392,7 @@ class WorkerPool:
         """Run only eager and the timed runs (no window, no compile): the sizing probe. The
         ``runtime`` row's ``eager_ms_median``/``scaled_ms`` are the measurement; these rows
         are not filter verdicts."""
-        overrides = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
-        return self.wait(self.submit(tasks, None, overrides))
+        return self.wait(self.submit(tasks, None, MEASURE_OVERRIDES))
 
     def run_harness(
         self,

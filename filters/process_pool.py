@@ -24,7 +24,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from filters.pool import WorkerPool
+from filters.pool import MEASURE_OVERRIDES, WorkerPool
 from opsynth.config import FiltersConfig
 from opsynth.record import Task, Verdict
 
@@ -110,11 +110,17 @@ def _close() -> None:
         pool.close()
 
 
-def evaluate(cfg: FiltersConfig, device: str, tasks: list[Task]) -> dict[str, list[Verdict]]:
-    """``WorkerPool.evaluate`` on this process's warm pool. Any number of threads may call
-    this at once: each shard is queued on the pool at once (``WorkerPool.submit``, any thread)
-    and collected on the pool thread (``WorkerPool.wait``), whose driving also starts the
-    shards queued behind it. A shard with other settings waits until the pool is idle."""
+def evaluate(
+    cfg: FiltersConfig,
+    device: str,
+    tasks: list[Task],
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, list[Verdict]]:
+    """``WorkerPool.evaluate`` on this process's warm pool (with ``overrides`` of the check
+    settings, as ``WorkerPool.submit`` takes them). Any number of threads may call this at
+    once: each shard is queued on the pool at once (``WorkerPool.submit``, any thread) and
+    collected on the pool thread (``WorkerPool.wait``), whose driving also starts the shards
+    queued behind it. A shard with other settings waits until the pool is idle."""
     key = _key(cfg, device)
     with _collected:
         while _state["outstanding"] and _state["key"] != key:
@@ -123,7 +129,7 @@ def evaluate(cfg: FiltersConfig, device: str, tasks: list[Task]) -> dict[str, li
         pool = _state["pool"] if _state["key"] == key else None
         if pool is None:
             pool = _thread.submit(_pool_for, cfg, device).result()
-        ticket = pool.submit(tasks)
+        ticket = pool.submit(tasks, None, overrides)
         _state["outstanding"] += 1
     try:
         return _thread.submit(pool.wait, ticket).result()
@@ -131,6 +137,11 @@ def evaluate(cfg: FiltersConfig, device: str, tasks: list[Task]) -> dict[str, li
         with _collected:
             _state["outstanding"] -= 1
             _collected.notify_all()
+
+
+def measure(cfg: FiltersConfig, device: str, tasks: list[Task]) -> dict[str, list[Verdict]]:
+    """``WorkerPool.measure`` (sizing probes) on this process's warm pool."""
+    return evaluate(cfg, device, tasks, MEASURE_OVERRIDES)
 
 
 def stats() -> dict[str, Any]:

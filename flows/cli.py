@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.runners import RunnerError
-from opsynth.config import ConfigError, RunConfig, load_config
+from opsynth.config import ConfigError, RunConfig, RunnerConfig, load_config
 from opsynth.funnel import funnel_rows
 from opsynth.store import RunDir, RunDirError, read_verdicts, write_tasks
 
@@ -34,9 +34,13 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _resolve_device(requested: str) -> str:
+def _resolve_device(requested: str, runner: RunnerConfig | None = None) -> str:
+    """The device the filters run on. Asked of this host's torch, except ``cuda`` with a
+    cluster at an address: its workers have the GPUs, and this host runs no candidate."""
     if requested not in DEVICES:
         raise UserError(f"unknown device {requested!r}; use one of {', '.join(DEVICES)}")
+    if requested == "cuda" and runner is not None and runner.kind != "local" and runner.address:
+        return requested
     import torch
 
     if requested == "cuda" and not torch.cuda.is_available():
@@ -91,7 +95,7 @@ def run(
             if target < 1:
                 raise UserError(f"--target must be at least 1, got {target}")
             cfg = cfg.with_overrides(target=target)
-        resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
+        resolved = _resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
         run_dir = RunDir.create(out)
         manifest = _run_flow(run_dir, cfg, resolved)
     except (ConfigError, RunDirError, UserError, RunnerError) as exc:
@@ -186,7 +190,7 @@ def audit(
     """Run the filters, decontamination and dedup over an existing task set."""
     try:
         cfg = _with_runner(load_config(config), runner, runner_address)
-        resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
+        resolved = _resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
         run_dir = RunDir.create(out)
         tasks_file = run_dir.path("input.parquet")
         write_tasks(_load_input(input, sample, seed), tasks_file)

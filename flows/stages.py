@@ -259,7 +259,8 @@ def size_stage(
     progress: Progress,
 ) -> list[Task]:
     """Each task rescaled toward the runtime window's log-middle by measuring it in the
-    sandboxed workers (``synth.sizing``); same order, one task per input task."""
+    sandboxed workers (``synth.sizing``): the in-process pool's (``runner.kind`` local), else
+    the task runner's; same order, one task per input task."""
     from synth.sizing import probe_of, size_tasks
 
     parts = (cfg.sizing, cfg.filters)
@@ -272,7 +273,10 @@ def size_stage(
 
     def measure(batch: list[Task]) -> dict[str, Any]:
         nonlocal done
-        rows = pool.get().measure(batch)
+        if cfg.runner.kind != "local":
+            rows = scatter_probes(cfg, batch, device)
+        else:
+            rows = pool.get().measure(batch)
         done += len(batch)
         progress("size", done, done)
         return {task_id: probe_of(found) for task_id, found in rows.items()}
@@ -282,6 +286,30 @@ def size_stage(
     write_tasks(sized, path)
     ledger.note("size", False)
     return sized
+
+
+@task(name="size-probes-remote", cache_policy=NO_CACHE)
+def remote_probe_shard(filters: FiltersConfig, device: str, shard: list[Task]) -> list[Verdict]:
+    """One shard of a sizing round's probes on a task-runner worker, on its warm pool."""
+    from filters import process_pool
+
+    results = process_pool.measure(filters, device, shard)
+    return [v for t in shard for v in results[t.id]]
+
+
+def scatter_probes(cfg: RunConfig, batch: list[Task], device: str) -> dict[str, list[Verdict]]:
+    """A sizing round's probes in shards, all submitted to the flow's task runner at once: on
+    a cluster the GPUs that filter size as well, so the orchestrator needs no GPU, and rounds
+    of thousands of probes spread over every GPU (sizing a candidate takes two or three
+    probes, each a fresh process on a GPU). Per task id, in the batch's order."""
+    from flows.runners import submit_options
+
+    size = cfg.filters.shard_size
+    shards = [batch[start : start + size] for start in range(0, len(batch), size)]
+    with submit_options(cfg.runner, device):
+        futures = [remote_probe_shard.submit(cfg.filters, device, shard) for shard in shards]
+    found = group_by_task([v for future in futures for v in future.result()])
+    return {t.id: found.get(t.id, []) for t in batch}
 
 
 def adopt_sized(

@@ -1,9 +1,10 @@
 """Runs the screen stage (static, decontam, sandboxed filter shards) over a few tiny tasks in a
 Prefect flow on the runner given on the command line and prints the verdicts and the work
-ledger as JSON. A script, so that Prefect is configured for its own run directory before it
+ledger as JSON; with ``size``, the size stage's probes instead, and whether the orchestrator's
+own pool started. A script, so that Prefect is configured for its own run directory before it
 is imported (tests/test_runner_dask.py runs it once per runner).
 
-    python tests/runner_screen.py OUT local|dask
+    python tests/runner_screen.py OUT local|dask [size]
 """
 
 from __future__ import annotations
@@ -36,6 +37,24 @@ def tasks() -> list[Task]:
     ]
 
 
+def sizable() -> list[Task]:
+    """Three tasks with a ``batch_size`` knob (two shards of probes) and one without."""
+    header = "batch_size = {}\n"
+    found = [
+        Task(
+            ops=[f"s{n}"],
+            data_source="torch#1",
+            code=task_source(
+                "return torch.relu(x) + 1",
+                header=header.format(n),
+                inputs="[torch.randn(batch_size, 64)]",
+            ),
+        )
+        for n in (4, 8, 16)
+    ]
+    return found + [Task(ops=["plain"], data_source="torch#1", code=task_source("return x + 1"))]
+
+
 def config(kind: str) -> RunConfig:
     cfg = RunConfig()
     cfg = cfg.with_section(
@@ -47,15 +66,16 @@ def config(kind: str) -> RunConfig:
         grace_s=10.0,
         sandbox="rlimits",
     )
+    cfg = cfg.with_section("sizing", max_steps=1, max_value=4096)
     return cfg.with_section("runner", kind=kind, workers=2)
 
 
-def main(out: str, kind: str) -> None:
+def main(out: str, kind: str, what: str = "screen") -> None:
     configure_prefect(Path(out).resolve() / ".prefect")
     from prefect import flow
 
     from flows.runners import LocalOnly, task_runner
-    from flows.stages import LazyPool, WorkLedger, screen
+    from flows.stages import LazyPool, WorkLedger, screen, size_stage
     from opsynth.store import RunDir
 
     cfg = config(kind)
@@ -70,6 +90,15 @@ def main(out: str, kind: str) -> None:
         run = RunDir.create(Path(out))
         ledger = WorkLedger()
         pool = LazyPool(cfg, "cpu")
+        if what == "size":
+            try:
+                sized = size_stage(run, cfg, sizable(), "cpu", pool, ledger, progress)
+            finally:
+                started = bool(pool.close())
+            return {
+                "steps": [t.meta["sizing"]["steps"] for t in sized],
+                "orchestrator_pool_started": started,
+            }
         try:
             verdicts = screen(run, cfg, tasks(), "cpu", pool, ledger, progress)
         finally:
@@ -84,4 +113,4 @@ def main(out: str, kind: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

@@ -87,3 +87,19 @@ def test_corrupt_work_file_is_named_and_kept(tmp_path):
     proc = opsynth("status", str(run), cwd=tmp_path)
     assert_one_line_error(proc, corrupt.name, "delete it")
     assert corrupt.read_bytes() == b"PAR1 this is not parquet"
+
+
+def test_cuda_on_a_cluster_at_an_address_needs_no_gpu_here() -> None:
+    """A cluster at an address has the GPUs, and sizing and filtering run there, so the
+    orchestrator needs none; the local pool or a local cluster runs here, and does."""
+    torch = pytest.importorskip("torch")
+    from flows.cli import UserError, _resolve_device
+    from opsynth.config import RunnerConfig
+
+    remote = RunnerConfig(kind="dask", address="tcp://scheduler:8786")
+    assert _resolve_device("cuda", remote) == "cuda"
+    assert _resolve_device("cpu", remote) == "cpu"
+    if not torch.cuda.is_available():
+        for runner in (None, RunnerConfig(), RunnerConfig(kind="dask")):
+            with pytest.raises(UserError, match="no CUDA device"):
+                _resolve_device("cuda", runner)

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "runner_screen.py"
 
 
-def screen(out: Path, kind: str) -> dict:
+def screen(out: Path, kind: str, what: str = "screen") -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), kind],
+        [sys.executable, str(SCRIPT), str(out), kind, what],
         capture_output=True,
         text=True,
         env=env,
@@ -60,6 +60,20 @@ def test_dask_shards_match_local_and_resume(tmp_path: Path) -> None:
     again = screen(tmp_path / "dask", "local")  # work files are the same whichever runner
     assert again["verdicts"] == local["verdicts"]
     assert again["reused"] == {"prefilter": 1, "filter-shard": 3} and not again["computed"]
+
+
+@pytest.mark.slow
+def test_sizing_probes_run_on_the_cluster(tmp_path: Path) -> None:
+    """Under Dask the size stage's probes go to the cluster's workers: every sizable task is
+    measured and the orchestrator starts no pool of its own (it may have no GPU)."""
+    local = screen(tmp_path / "local", "local", "size")
+    dask = screen(tmp_path / "dask", "dask", "size")
+    assert local["orchestrator_pool_started"] and not dask["orchestrator_pool_started"]
+    for run in (local, dask):
+        *sizable, plain = run["steps"]
+        assert plain == []  # no batch_size constant: nothing to probe
+        assert [steps[0]["value"] for steps in sizable] == [4, 8, 16]
+        assert all(step["ms"] and step["ms"] > 0 for steps in sizable for step in steps)
 
 
 @pytest.mark.slow
