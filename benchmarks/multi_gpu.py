@@ -57,6 +57,7 @@ def one_run(args: argparse.Namespace) -> None:
         shard_size=args.shard_size,
         cache_dir=cache,
         max_workers_per_gpu=args.workers_per_gpu,
+        candidates_per_process=args.candidates_per_process,
     )
     cfg = cfg.with_section(
         "runner", kind="dask", workers=args.one, shards_per_worker=args.shards_per_worker
@@ -161,6 +162,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="shards a Dask worker runs at once on its pool (runner.shards_per_worker)",
     )
     parser.add_argument("--workers-per-gpu", type=int, default=8, help="sandboxed workers/GPU")
+    parser.add_argument(
+        "--candidates-per-process",
+        type=int,
+        default=1,
+        help="candidates one process may run in turn (filters.candidates_per_process)",
+    )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
     parser.add_argument("--borderline", type=float, default=0.1, help="relative window slack")
     parser.add_argument("--out", type=Path, default=Path("multi_gpu"))
@@ -202,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "shard_size": args.shard_size,
         "shards_per_worker": args.shards_per_worker,
         "workers_per_gpu": args.workers_per_gpu,
+        "candidates_per_process": args.candidates_per_process,
         "runs": [
             {
                 "gpus": r["gpus"],
@@ -236,6 +244,8 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
         str(args.shards_per_worker),
         "--workers-per-gpu",
         str(args.workers_per_gpu),
+        "--candidates-per-process",
+        str(args.candidates_per_process),
         "--out",
         str(args.out),
         "--device",

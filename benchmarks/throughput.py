@@ -348,6 +348,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "compile_cache": "warm (shared)" if args.warm_cache else "cold (empty at start)",
         "prestart_child": cfg.prestart_child,
         "batch_timers": cfg.batch_timers,
+        "candidates_per_process": cfg.candidates_per_process,
         "sizing_max_device_gib": args.max_device_gib,
         "candidates": counts | {"total": n, "kept": pool["kept"]},
         "pool": {
@@ -369,7 +370,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
             "cpu_usage": pool["cpu_usage"],
             "children": {
                 k: pool["stats"].get(f"child_{k}")
-                for k in ("prestarted", "fresh", "replaced", "refused", "unresponsive")
+                for k in ("prestarted", "fresh", "replaced", "refused", "unresponsive", "reused")
             },
         },
         "naive": {
@@ -421,9 +422,10 @@ def table(s: dict[str, Any]) -> str:
         ("candidates", f"{c['total']} ({mix}); kept {c['kept']}"),
         ("compile cache", s["compile_cache"]),
         ("GPU lock: timed sections batched", s["batch_timers"]),
+        ("candidates per process", s.get("candidates_per_process", 1)),
         ("sizing: device-memory cap (GiB; 0 = none)", s["sizing_max_device_gib"]),
         (
-            "candidate processes: prestarted / fresh / replaced / refused / unresponsive",
+            "candidate processes: prestarted / fresh / replaced / refused / unresponsive / reused",
             " / ".join(str(v) for v in p["children"].values())
             + ("" if s["prestart_child"] else " (prestart off)"),
         ),
@@ -537,6 +539,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_false",
         help="timed sections and untimed GPU work alternate (filters.batch_timers off)",
     )
+    parser.add_argument(
+        "--candidates-per-process",
+        type=int,
+        default=FiltersConfig().candidates_per_process,
+        help="candidates one process may run in turn (filters.candidates_per_process)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("throughput"))
     return parser.parse_args(argv)
@@ -553,6 +561,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cache_dir=cache,
         prestart_child=args.prestart,
         batch_timers=args.batch_timers,
+        candidates_per_process=args.candidates_per_process,
     )
     fixed, composed, counts = candidate_set(args)
     log(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}")

@@ -154,6 +154,7 @@ def check_settings(
         "determinism_rtol": cfg.determinism_rtol,
         "lock_dir": lock_dir,
         "batch_timers": cfg.batch_timers,
+        "candidates_per_process": cfg.candidates_per_process,
     }
 
 
@@ -217,6 +218,7 @@ class WorkerPool:
             "child_replaced": 0,
             "child_refused": 0,
             "child_unresponsive": 0,
+            "child_reused": 0,
         }
         self._workers: list[_Worker | None] = []
         self._retiring: list[tuple[_Worker, float]] = []

@@ -95,6 +95,7 @@ class _Child:
         self.go_fd = go_fd
         self.report_fd = report_fd
         self.reaped = False
+        self.served = 0  # candidates this process has taken
         self._registry = registry
         registry.update((go_fd, report_fd))
 
@@ -122,6 +123,11 @@ class Worker:
         self.prestart = prestart
         # The prestarted child, waiting for its job; and the parent-side fds of all children.
         self._spare: _Child | None = None
+        # The child kept after its candidate passed the audit, waiting for the next job; what
+        # its report pipe held past ``done``; and why the last child was not kept.
+        self._kept: _Child | None = None
+        self._leftover = b""
+        self.last_audit: list[str] = []
         self._child_fds: set[int] = set()
         # How the last child started: prestarted, fresh (none was waiting), replaced (the
         # waiting one was gone or stopped), refused (it exited instead of accepting the job:
@@ -197,6 +203,8 @@ class Worker:
                     return
         finally:
             self._discard_spare()
+            kept, self._kept = self._kept, None
+            self._discard(kept)
 
     # ------------------------------------------------------------------------ operations
 
@@ -312,6 +320,40 @@ class Worker:
                 fh.write(text)
         log_path = os.path.join(workdir, LOG_FILE)
         job = {**job, "workdir": workdir, "log_path": log_path}
+        child, started = self._reuse_kept(job)
+        if child is None:
+            child, started = self._start_child(job)
+        payload: dict[str, Any] = {}
+        failure: tuple[str, str] | None = ("filter_error", "the candidate process did not start")
+        keep = False
+        try:
+            if started is not None:
+                child.served += 1
+                if on_event:
+                    on_event({"event": "started", "pid": child.pid})
+                payload, failure = self._supervise(
+                    child.pid, child.report_fd, settings, log_path, on_event, started
+                )
+                per_process = int(settings.get("candidates_per_process", 1))
+                if failure is None and _reusable_for(settings) and child.served < per_process:
+                    keep = self._passed_audit(child)
+        finally:
+            if keep:
+                self._kept, clean = child, True
+            else:
+                child.close()
+                clean = self._kill_all(child.pid)
+        if failure and failure[0] in ("crashed", "exited"):
+            tail = _tail(log_path)
+            if tail:
+                failure = (failure[0], f"{failure[1]}; output tail: {tail}")
+        self._wipe()
+        return payload, failure, clean
+
+    # ------------------------------------------------------------------------ children
+
+    def _start_child(self, job: dict[str, Any]) -> tuple[_Child, bytes | None]:
+        """Hand ``job`` to the prestarted child, else a fresh fork; fork the next spare."""
         child, spare, self._spare = self._spare, True, None
         self.last_child = "prestarted"
         if child is None or not self._waiting(child):
@@ -327,26 +369,40 @@ class Worker:
         if self.prestart:
             with contextlib.suppress(OSError):  # no fork to spare (a process limit): go without
                 self._spare = self._fork_child()
-        payload: dict[str, Any] = {}
-        failure: tuple[str, str] | None = ("filter_error", "the candidate process did not start")
-        try:
-            if started is not None:
-                if on_event:
-                    on_event({"event": "started", "pid": child.pid})
-                payload, failure = self._supervise(
-                    child.pid, child.report_fd, settings, log_path, on_event, started
-                )
-        finally:
-            child.close()
-            clean = self._kill_all(child.pid)
-        if failure and failure[0] in ("crashed", "exited"):
-            tail = _tail(log_path)
-            if tail:
-                failure = (failure[0], f"{failure[1]}; output tail: {tail}")
-        self._wipe()
-        return payload, failure, clean
+        return child, started
 
-    # ------------------------------------------------------------------------ children
+    def _reuse_kept(self, job: dict[str, Any]) -> tuple[_Child | None, bytes | None]:
+        """Hand ``job`` to the child kept from the last candidate, if there is one and it
+        takes it; its context is ready, and the spare stays spare."""
+        child, self._kept = self._kept, None
+        if child is None:
+            return None, None
+        if self._waiting(child):
+            started = self._hand_over(child, job, refusable=False)
+            if started is not None:
+                self.last_child = "reused"
+                return child, started
+        self._discard(child)
+        return None, None
+
+    def _passed_audit(self, child: _Child) -> bool:
+        """After a candidate that finished, whether its process may take the next one: it
+        reports its own audit (``filters.state_audit``) within ``HANDSHAKE_S``, and nothing
+        but the process itself is left of the candidate (no other process, no extra thread
+        the audit could not see)."""
+        line = _read_line(child.report_fd, time.monotonic() + HANDSHAKE_S, self._leftover)
+        self._leftover = b""
+        try:
+            audit = json.loads(line) if line else {}
+        except ValueError:
+            audit = {}
+        reusable = isinstance(audit, dict) and audit.get("event") == "audit"
+        reusable = reusable and audit.get("reusable") is True
+        self.last_audit = [] if reusable else [str(w) for w in (audit.get("why") or ["no audit"])]
+        if not reusable:
+            return False
+        procs = self._census(child.pid)
+        return [proc for proc, _, _ in procs] == [child.pid]
 
     def _fork_child(self) -> _Child:
         """Fork a child that waits for its job; on CUDA it creates its context meanwhile."""
@@ -435,27 +491,46 @@ class Worker:
                 os.dup2(null, fd)
             os.close(null)
             early = self.checks.start_device_init(self.device)
-            job = _read_job(go_fd)
-            if job is None:
-                os._exit(0)
-            if job["refusable"] and early.done and early.failed:
-                os._exit(75)  # refused: the parent hands the job to a fresh child
-            _write_all(report_fd, ACCEPTED)
-            settings = job["settings"]
-            workdir = job["workdir"]
-            log = os.open(job["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(log)
-            _apply_limits(settings, self.device)
-            os.chdir(workdir)
-            os.environ["TMPDIR"] = workdir
-            emitter = _Emitter(report_fd)
-            try:
-                self._target(job)(emitter.emit)
-            except BaseException:
-                emitter.emit({"event": "error", "detail": traceback.format_exc()[-1500:]})
-                raise
+            baseline = None
+            served = 0
+            while True:
+                job = _read_job(go_fd)
+                if job is None:
+                    os._exit(0)
+                if not served and job["refusable"] and early.done and early.failed:
+                    os._exit(75)  # refused: the parent hands the job to a fresh child
+                _write_all(report_fd, ACCEPTED)
+                settings = job["settings"]
+                reuse = _reusable_for(settings)
+                if not reuse:
+                    os.close(go_fd)  # its last job: the candidate gets no way to the pipe
+                if reuse and baseline is None:
+                    from filters import state_audit
+
+                    early.wait()  # its thread is gone before the state is recorded
+                    state_audit.prepare(self.device)
+                    baseline = state_audit.snapshot()
+                workdir = job["workdir"]
+                log = os.open(job["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.close(log)
+                _apply_limits(settings, self.device, reuse=reuse)
+                os.chdir(workdir)
+                os.environ["TMPDIR"] = workdir
+                emitter = _Emitter(report_fd)
+                try:
+                    self._target(job)(emitter.emit)
+                except BaseException:
+                    emitter.emit({"event": "error", "detail": traceback.format_exc()[-1500:]})
+                    raise
+                served += 1
+                if not reuse or served >= int(settings["candidates_per_process"]):
+                    break
+                why = state_audit.after_candidate(baseline, settings, self.device)
+                emitter.emit({"event": "audit", "reusable": not why, "why": why[:20]})
+                if why:
+                    break
         except BaseException:
             status = 70
             with contextlib.suppress(BaseException):
@@ -505,6 +580,7 @@ class Worker:
             return False
 
         if initial and consume(initial):
+            self._leftover = bytes(buffer)
             return payload, None
         while True:
             if pipe_open:
@@ -514,6 +590,7 @@ class Worker:
                     if not chunk:
                         pipe_open = False
                     elif consume(chunk):
+                        self._leftover = bytes(buffer)
                         return payload, None
             else:
                 time.sleep(POLL_S)
@@ -721,15 +798,37 @@ def _state(pid: int) -> str:
     return fields[0].decode() if fields else ""
 
 
+def _reusable_for(settings: dict[str, Any]) -> bool:
+    """Whether a process that ran a job with these settings may take another: filter checks
+    only (a solution for the evaluator loads compiled extensions nothing can unload)."""
+    return int(settings.get("candidates_per_process", 1)) > 1 and not settings.get("harness")
+
+
+def _read_line(fd: int, deadline: float, pending: bytes = b"") -> bytes:
+    """The first line of ``pending`` and what ``fd`` brings until ``deadline``; b"" if none
+    came whole (the writer closed the pipe, or the time ran out)."""
+    data = pending
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return b""
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b""
+        data += chunk
+        if len(data) > MAX_LINE_BYTES:
+            return b""
+    return data.partition(b"\n")[0]
+
+
 def _read_job(fd: int) -> dict[str, Any] | None:  # pragma: no cover - child
-    """The child's job: one JSON line on its go pipe; None when the parent closed it."""
+    """The child's next job: one JSON line on its go pipe; None when the parent closed it."""
     data = b""
     while not data.endswith(b"\n"):
         chunk = os.read(fd, 1 << 16)
         if not chunk:
             return None
         data += chunk
-    os.close(fd)
     return json.loads(data)
 
 
@@ -770,14 +869,21 @@ def _tail(path: str) -> str:
         return ""
 
 
-def _apply_limits(settings: dict[str, Any], device: str) -> None:  # pragma: no cover - child
+def _apply_limits(
+    settings: dict[str, Any], device: str, reuse: bool = False
+) -> None:  # pragma: no cover - child
     """rlimits for the candidate child. RLIMIT_AS only on CPU: CUDA reserves a virtual range
     far beyond physical memory, so on CUDA the parent's resident-memory watchdog is the cap.
     RLIMIT_NPROC is counted per real user and ignored for root, so the watchdog's process
-    census backs it up."""
+    census backs it up. A process that takes several candidates counts CPU time from what it
+    has used so far, and keeps its hard CPU limit open (it could never be raised again for
+    the next candidate): the parent's wall-clock limit is the backstop."""
     timeout = float(settings.get("task_timeout_s", 60.0))
     threads = max(1, int(settings.get("threads", 1)))
     cpu = int(timeout * threads) + 5
+    if reuse:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cpu += int(usage.ru_utime + usage.ru_stime)
     limits = {
         resource.RLIMIT_CORE: 0,
         resource.RLIMIT_CPU: cpu,
@@ -791,7 +897,7 @@ def _apply_limits(settings: dict[str, Any], device: str) -> None:  # pragma: no 
         _, hard = resource.getrlimit(which)
         if hard != resource.RLIM_INFINITY:
             value = min(value, hard)
-        elif which == resource.RLIMIT_CPU:
+        elif which == resource.RLIMIT_CPU and not reuse:
             hard = value + 5  # SIGXCPU at the soft limit, SIGKILL 5 s later
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(which, (value, hard))

@@ -284,6 +284,14 @@ class FiltersConfig(_Section):
         "virtual ranges) the worker's resident-memory watchdog",
     )
     recycle_after: int = Field(default=50, ge=1, description="candidates per worker life")
+    candidates_per_process: int = Field(
+        default=1,
+        ge=1,
+        description="candidates one sandboxed process may run in turn, each after the last "
+        "passed the state audit (filters.state_audit): a host creates CUDA contexts one at a "
+        "time, about 2.5/s under load, and each process needs one. 1 = a fresh process per "
+        "candidate, so no candidate's verdict can depend on another's",
+    )
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
     batch_timers: bool = Field(

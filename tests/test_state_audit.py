@@ -1,0 +1,167 @@
+"""The audit that decides whether a candidate's process may take another candidate."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from filters.state_audit import differences, snapshot
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _set(obj: object, name: str, value: object) -> Callable[[], None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    return lambda: setattr(obj, name, old)
+
+
+def _cudnn_benchmark() -> Callable[[], None]:
+    return _set(torch.backends.cudnn, "benchmark", not torch.backends.cudnn.benchmark)
+
+
+def _default_dtype() -> Callable[[], None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    return lambda: torch.set_default_dtype(old)
+
+
+def _matmul_precision() -> Callable[[], None]:
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium" if old != "medium" else "high")
+    return lambda: torch.set_float32_matmul_precision(old)
+
+
+def _grad_off() -> Callable[[], None]:
+    torch.set_grad_enabled(False)
+    return lambda: torch.set_grad_enabled(True)
+
+
+def _thread_left_running() -> Callable[[], None]:
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+
+    def undo() -> None:
+        stop.set()
+        thread.join()
+
+    return undo
+
+
+def _function_mode_left_on() -> Callable[[], None]:
+    mode = TorchFunctionMode()
+    mode.__enter__()
+    return lambda: mode.__exit__(None, None, None)
+
+
+MUTATIONS: dict[str, tuple[Callable[[], Callable[[], None]], str]] = {
+    "cudnn benchmark": (_cudnn_benchmark, "cudnn.benchmark"),
+    "default dtype": (_default_dtype, "default_dtype"),
+    "matmul precision": (_matmul_precision, "float32_matmul_precision"),
+    "grad mode": (_grad_off, "grad_enabled"),
+    "thread": (_thread_left_running, "threads"),
+    "function mode": (_function_mode_left_on, "torch_function_modes"),
+    "torch.relu patched": (lambda: _set(torch, "relu", lambda x: x), "torch.relu: replaced"),
+    "F.gelu patched": (
+        lambda: _set(torch.nn.functional, "gelu", lambda x: x),
+        "torch.nn.functional.gelu: replaced",
+    ),
+    "Linear.forward patched": (
+        lambda: _set(torch.nn.Linear, "forward", lambda self, x: x),
+        "torch.nn.Linear.forward: replaced",
+    ),
+    "timer patched": (
+        lambda: _set(torch.cuda.Event, "elapsed_time", lambda self, end: 1.0),
+        "torch.cuda.Event.elapsed_time: replaced",
+    ),
+    "clock patched": (
+        lambda: _set(time, "perf_counter", lambda: 0.0),
+        "time.perf_counter: replaced",
+    ),
+    "state stashed on torch": (
+        lambda: _stash(torch, "kept_for_later", torch.ones(3)),
+        "torch.kept_for_later: added",
+    ),
+}
+
+
+def _stash(obj: object, name: str, value: object) -> Callable[[], None]:
+    setattr(obj, name, value)
+    return lambda: delattr(obj, name)
+
+
+@pytest.fixture
+def undo() -> Iterator[list[Callable[[], None]]]:
+    undos: list[Callable[[], None]] = []
+    yield undos
+    for fn in reversed(undos):
+        fn()
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_each_change_a_candidate_can_leave_is_seen(name: str, undo) -> None:
+    mutate, expected = MUTATIONS[name]
+    before = snapshot()
+    undo.append(mutate())
+    found = differences(before, snapshot())
+    assert any(line.startswith(expected) for line in found), found
+    undo.pop()()
+    assert differences(before, snapshot()) == []
+
+
+def test_a_clean_candidate_leaves_nothing() -> None:
+    """Building a model, running it and its gradients, and dropping it changes nothing."""
+    before = snapshot()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8))
+    x = torch.randn(4, 8, requires_grad=True)
+    model(x).sum().backward()
+    with torch.no_grad():
+        torch.nn.functional.softmax(model(x), dim=-1)
+    del model, x
+    assert differences(before, snapshot()) == []
+
+
+AFTER_COMPILE = """
+import torch
+from filters.state_audit import differences, prepare, snapshot
+prepare("cpu")
+before = snapshot()
+model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+compiled = torch.compile(model)
+with torch.no_grad():
+    compiled(torch.randn(4, 16))
+del compiled, model
+torch._dynamo.reset()
+print(differences(before, snapshot()))
+"""
+
+
+@pytest.mark.slow
+def test_torch_compile_in_a_fresh_process_leaves_nothing(tmp_path: Path) -> None:
+    """The first ``torch.compile`` of a process patches torch for good; ``prepare`` does it
+    before the baseline, so a candidate's compile leaves nothing, or no compiled candidate's
+    process would ever be reused."""
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_COMPILE],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+        },
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-3000:]
