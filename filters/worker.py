@@ -550,6 +550,7 @@ class Worker:
         timeout = float(settings.get("task_timeout_s", 60.0))
         deadline = time.monotonic() + timeout
         census_every = POLL_S if self.private_pidns else HOST_CENSUS_S
+        self._leftover = b""  # what this child reports past ``done`` (its audit), if anything
         next_census = 0.0
         payload: dict[str, Any] = {}
         buffer = bytearray()
