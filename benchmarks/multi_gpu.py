@@ -149,7 +149,7 @@ def _key(row: dict[str, Any] | None) -> tuple[str, str] | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from opsynth.config import RunnerConfig
+    from opsynth.config import FiltersConfig, RunnerConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--candidates", type=Path, required=True, help="candidates.parquet")
@@ -165,7 +165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--candidates-per-process",
         type=int,
-        default=1,
+        default=FiltersConfig().candidates_per_process,
         help="candidates one process may run in turn (filters.candidates_per_process)",
     )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")

@@ -123,11 +123,10 @@ class Worker:
         self.prestart = prestart
         # The prestarted child, waiting for its job; and the parent-side fds of all children.
         self._spare: _Child | None = None
-        # The child kept after its candidate passed the audit, waiting for the next job; what
-        # its report pipe held past ``done``; and why the last child was not kept.
+        # The child kept after its candidate passed the audit, waiting for the next job; and
+        # what its report pipe held past ``done``.
         self._kept: _Child | None = None
         self._leftover = b""
-        self.last_audit: list[str] = []
         self._child_fds: set[int] = set()
         # How the last child started: prestarted, fresh (none was waiting), replaced (the
         # waiting one was gone or stopped), refused (it exited instead of accepting the job:
@@ -391,15 +390,12 @@ class Worker:
         but the process itself is left of the candidate (no other process, no extra thread
         the audit could not see)."""
         line = _read_line(child.report_fd, time.monotonic() + HANDSHAKE_S, self._leftover)
-        self._leftover = b""
         try:
             audit = json.loads(line) if line else {}
         except ValueError:
             audit = {}
         reusable = isinstance(audit, dict) and audit.get("event") == "audit"
-        reusable = reusable and audit.get("reusable") is True
-        self.last_audit = [] if reusable else [str(w) for w in (audit.get("why") or ["no audit"])]
-        if not reusable:
+        if not (reusable and audit.get("reusable") is True):
             return False
         procs = self._census(child.pid)
         return [proc for proc, _, _ in procs] == [child.pid]
