@@ -57,7 +57,7 @@ def one_run(args: argparse.Namespace) -> None:
         shard_size=args.shard_size,
         cache_dir=cache,
         max_workers_per_gpu=args.workers_per_gpu,
-        candidates_per_process=args.candidates_per_process,
+        candidates_per_process_cuda=args.candidates_per_process,
     )
     cfg = cfg.with_section(
         "runner", kind="dask", workers=args.one, shards_per_worker=args.shards_per_worker
@@ -165,8 +165,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--candidates-per-process",
         type=int,
-        default=FiltersConfig().candidates_per_process,
-        help="candidates one process may run in turn (filters.candidates_per_process)",
+        default=FiltersConfig().candidates_per_process_cuda,
+        help="candidates one process may run in turn (filters.candidates_per_process_cuda)",
     )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
     parser.add_argument("--borderline", type=float, default=0.1, help="relative window slack")
@@ -257,13 +257,18 @@ def table(summary: dict[str, Any]) -> str:
     lines = [
         "| GPUs | wall s | candidates/min | speed-up | filter span s | span speed-up | kept "
         "| identical verdicts | borderline | mismatches "
-        "| CUDA context: creation median s; candidates' wait total s |",
+        "| CUDA contexts: created; creation median s; candidates' wait total s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in summary["runs"]:
         c = r["verdicts_vs_first"]
         init = r.get("device_init") or {}
-        context = f"{init.get('creation_median_s')}; {init.get('wait_total_s')}" if init else "n/a"
+        context = (
+            f"{init.get('contexts_created')}; {init.get('creation_median_s')}; "
+            f"{init.get('wait_total_s')}"
+            if init
+            else "n/a"
+        )
         lines.append(
             f"| {r['gpus']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x "
             f"| {r['filter_span_s']} | {r['filter_span_speedup']}x | {r['kept']} "

@@ -162,8 +162,11 @@ def device_init(verdicts: list[Verdict] | list[dict[str, Any]]) -> dict[str, flo
     if not rows:
         return None
     waits = [float(m["device_wait_s"]) for m in rows]
+    # A reused process's later candidates found its context made: no creation to count.
+    created = [float(m["device_init_s"]) for m in rows if not m.get("context_reused")]
     return {
-        "creation_median_s": round(statistics.median(float(m["device_init_s"]) for m in rows), 3),
+        "contexts_created": len(created),
+        "creation_median_s": round(statistics.median(created), 3) if created else None,
         "wait_median_s": round(statistics.median(waits), 3),
         "wait_total_s": round(sum(waits), 1),
     }
@@ -348,7 +351,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "compile_cache": "warm (shared)" if args.warm_cache else "cold (empty at start)",
         "prestart_child": cfg.prestart_child,
         "batch_timers": cfg.batch_timers,
-        "candidates_per_process": cfg.candidates_per_process,
+        "candidates_per_process": cfg.candidates_per_process(device),
         "sizing_max_device_gib": args.max_device_gib,
         "candidates": counts | {"total": n, "kept": pool["kept"]},
         "pool": {
@@ -372,6 +375,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
                 k: pool["stats"].get(f"child_{k}")
                 for k in ("prestarted", "fresh", "replaced", "refused", "unresponsive", "reused")
             },
+            "retired_by_audit": pool["stats"].get("child_retired") or {},
         },
         "naive": {
             "subset": done,
@@ -430,6 +434,10 @@ def table(s: dict[str, Any]) -> str:
             + ("" if s["prestart_child"] else " (prestart off)"),
         ),
         (
+            "processes retired instead of reused, by first finding",
+            "; ".join(f"{k}: {v}" for k, v in p.get("retired_by_audit", {}).items()) or "none",
+        ),
+        (
             "re-run for memory (sizing + filters): tasks; seconds, of them in the filters",
             f"{p['retried_alone']}; {p['retried_alone_s']}, {p['filter_retry_s']}",
         ),
@@ -467,8 +475,9 @@ def table(s: dict[str, Any]) -> str:
     if init and s["device"] == "cuda":
         rows.append(
             (
-                "CUDA context: creation median s; candidates' wait median, total s",
-                f"{init['creation_median_s']}; {init['wait_median_s']}, {init['wait_total_s']}",
+                "CUDA contexts: created; creation median s; candidates' wait median, total s",
+                f"{init.get('contexts_created')}; {init['creation_median_s']}; "
+                f"{init['wait_median_s']}, {init['wait_total_s']}",
             )
         )
     for gpu, use in (p["gpu_usage"] or {}).items():
@@ -542,12 +551,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--candidates-per-process",
         type=int,
-        default=FiltersConfig().candidates_per_process,
-        help="candidates one process may run in turn (filters.candidates_per_process)",
+        default=None,
+        help="candidates one process may run in turn (default: the config's "
+        "filters.candidates_per_process_cuda or _cpu, by device)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("throughput"))
     return parser.parse_args(argv)
+
+
+def per_process_setting(value: int | None, device: str) -> dict[str, int]:
+    """The config field ``--candidates-per-process`` sets on ``device``; none if not given."""
+    if value is None:
+        return {}
+    return {f"candidates_per_process_{'cuda' if device == 'cuda' else 'cpu'}": value}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -561,7 +578,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cache_dir=cache,
         prestart_child=args.prestart,
         batch_timers=args.batch_timers,
-        candidates_per_process=args.candidates_per_process,
+        **per_process_setting(args.candidates_per_process, device),
     )
     fixed, composed, counts = candidate_set(args)
     log(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}")

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -154,7 +155,7 @@ def check_settings(
         "determinism_rtol": cfg.determinism_rtol,
         "lock_dir": lock_dir,
         "batch_timers": cfg.batch_timers,
-        "candidates_per_process": cfg.candidates_per_process,
+        "candidates_per_process": cfg.candidates_per_process(device),
     }
 
 
@@ -219,6 +220,9 @@ class WorkerPool:
             "child_refused": 0,
             "child_unresponsive": 0,
             "child_reused": 0,
+            # Processes that could have taken a further candidate (candidates_per_process_*) but
+            # were retired, by the audit's first finding with numbers masked.
+            "child_retired": {},
         }
         self._workers: list[_Worker | None] = []
         self._retiring: list[tuple[_Worker, float]] = []
@@ -710,6 +714,8 @@ class WorkerPool:
             child = f"child_{event.get('child')}"
             if child in self.stats:
                 self.stats[child] += 1
+            if event.get("retired"):
+                _count_retirement(self.stats["child_retired"], str(event["retired"]))
             self._finish(worker, list(event.get("verdicts") or []))
             worker.served += 1
             worker.state = "idle"
@@ -851,3 +857,12 @@ def _tail(path: str, limit: int = 1500) -> str:
             return fh.read().decode("utf-8", "replace").strip()
     except OSError:
         return ""
+
+
+def _count_retirement(counts: dict[str, int], finding: str, distinct: int = 20) -> None:
+    """Count a retired process under its audit finding, numbers masked so that findings of
+    one kind add up; past ``distinct`` kinds the rest count as "other"."""
+    key = re.sub(r"\b\d+\b", "N", finding)[:120]
+    if key not in counts and len(counts) >= distinct:
+        key = "other"
+    counts[key] = counts.get(key, 0) + 1

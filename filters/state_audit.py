@@ -28,6 +28,7 @@ Standard library and torch only: this runs in the sandboxed candidate process.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import gc
 import linecache
 import math
@@ -48,9 +49,18 @@ Snapshot = dict[str, Any]
 # The seed of a fresh process's CUDA generator (torch's default_rng_seed_val): a candidate whose
 # constructor draws on the GPU gets the weights it would get in a fresh process.
 FRESH_CUDA_SEED = 67280421310721
-# A process holding more than this share of the per-candidate memory limit after cleanup is
-# retired: what it keeps would count against the next candidate's limit.
+# A process whose resident memory grew by more than this share of the per-candidate memory limit
+# since its baseline is retired: what it keeps would count against the next candidate's limit.
+# Growth, not the total: a CUDA process holds 1-3 GiB (context, cuBLAS, cuDNN, inductor) before
+# any candidate, as a fresh one does.
 RESIDENT_SHARE = 0.25
+# Threads torch starts and stops on its own while compiling: tqdm's monitor runs while one of
+# inductor's progress bars is open and only redraws it. Candidates cannot import threading
+# (filters.static_check), so a thread of this name is torch's.
+HARNESS_THREADS = frozenset({"tqdm_monitor"})
+# Attributes Python sets on a class as a cache: copyreg records ``__slotnames__`` the first
+# time an instance is copied or pickled (``copy.copy`` of a tensor does).
+CACHE_ATTRIBUTES = frozenset({"__slotnames__"})
 
 
 def _switches() -> dict[str, Callable[[], Any]]:
@@ -78,7 +88,6 @@ def _switches() -> dict[str, Callable[[], Any]]:
         "math_sdp": cuda.math_sdp_enabled,
         "torch_function_modes": torch._C._len_torch_function_stack,
         "dispatch_modes": torch._C._len_torch_dispatch_stack,
-        "threads": threading.active_count,
     }
     if hasattr(torch, "get_default_device"):
         found["default_device"] = lambda: str(torch.get_default_device())
@@ -134,7 +143,7 @@ def prepare(device: str) -> None:
     torch._dynamo.reset()
 
 
-def snapshot() -> Snapshot:
+def snapshot(device: str = "cpu") -> Snapshot:
     """The audited state now. Taken once per process before its first candidate; each later
     snapshot is compared with that one."""
     switches = {}
@@ -146,7 +155,44 @@ def snapshot() -> Snapshot:
     return {
         "switches": switches,
         "identities": {name: _identities(ns) for name, ns in _namespaces()},
+        "threads": sorted(_thread_names()),
+        "resident": _resident_bytes(),
+        "device_allocated": _device_allocated() if device == "cuda" else 0,
     }
+
+
+def _thread_names() -> list[str]:
+    """Python threads by name, counters masked (``ThreadPoolExecutor-3_0``): a thread of the
+    harness's that ended and another of the same kind that started are no change."""
+    return [_mask_counters(t.name) for t in threading.enumerate()]
+
+
+def _mask_counters(name: str) -> str:
+    return "".join("N" if ch.isdigit() else ch for ch in name)
+
+
+def _device_allocated() -> int:
+    """Device memory held by live tensors, once cuBLAS's per-stream workspaces (allocated
+    through the caching allocator, kept until cleared) are given back."""
+    try:
+        torch.cuda.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+        torch.cuda.empty_cache()
+        return int(torch.cuda.memory_allocated())
+    except Exception:  # a sticky CUDA error: after_candidate's device check says so
+        return -1
+
+
+def _device_tensors() -> list[torch.Tensor]:
+    """Device tensors Python still references (not those only C++ holds)."""
+    found = []
+    for obj in gc.get_objects():
+        with contextlib.suppress(Exception):
+            if isinstance(obj, torch.Tensor) and obj.is_cuda:
+                found.append(obj)
+    return found
 
 
 def differences(before: Snapshot, after: Snapshot) -> list[str]:
@@ -156,10 +202,15 @@ def differences(before: Snapshot, after: Snapshot) -> list[str]:
     found = []
     for name, value in before["switches"].items():
         now = after["switches"].get(name)
-        if name == "threads" and now is not None and int(now) <= int(value):
-            continue  # a thread of the harness's that has ended is no harm
         if now != value:
             found.append(f"{name}: {value} -> {now}")
+    # A thread that ended is no harm; one that is new may still be running candidate code.
+    remaining = list(before.get("threads", []))
+    for name in after.get("threads", []):
+        if name in remaining:
+            remaining.remove(name)
+        elif name not in HARNESS_THREADS:
+            found.append(f"thread started: {name}")
     for namespace, old in before["identities"].items():
         new = after["identities"].get(namespace)
         if new is None:
@@ -170,7 +221,7 @@ def differences(before: Snapshot, after: Snapshot) -> list[str]:
                 found.append(f"{namespace}.{attr}: deleted")
             elif is_callable and new[attr][0] != ident:
                 found.append(f"{namespace}.{attr}: replaced")
-        for attr in new.keys() - old.keys():
+        for attr in new.keys() - old.keys() - CACHE_ATTRIBUTES:
             found.append(f"{namespace}.{attr}: added")
     for namespace in after["identities"].keys() - before["identities"].keys():
         found.append(f"{namespace}: added")
@@ -188,28 +239,31 @@ def after_candidate(baseline: Snapshot, settings: dict[str, Any], device: str) -
     if dynamo is not None:
         dynamo.reset()
     gc.collect()
-    why = differences(baseline, snapshot())
+    now = snapshot(device)
+    why = differences(baseline, now)
     from filters import gpulock
 
     if gpulock.held():
         why.append("a GPU lock section is still held")
     if device == "cuda":
         try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            left = torch.cuda.memory_allocated()
-            if left:
-                why.append(f"{left} bytes of device memory still allocated")
+            left = now["device_allocated"] - int(baseline.get("device_allocated", 0))
+            if now["device_allocated"] >= 0 and left > 0:
+                tensors = _device_tensors()
+                why.append(
+                    f"{left} bytes of device memory still allocated "
+                    f"({len(tensors)} device tensors referenced from Python)"
+                )
             torch.cuda.reset_peak_memory_stats()
             torch.cuda.manual_seed(FRESH_CUDA_SEED)
             if float(torch.ones(64, device="cuda").sum()) != 64.0:
                 why.append("the device computes wrong sums")
         except Exception as exc:  # a sticky CUDA error: this context is done
             why.append(f"the device fails: {type(exc).__name__}: {str(exc)[:200]}")
-    resident = _resident_bytes()
+    grown = now["resident"] - int(baseline.get("resident", 0))
     limit = int(settings.get("memory_limit_bytes", 8 << 30))
-    if resident > RESIDENT_SHARE * limit:
-        why.append(f"resident memory {resident >> 20} MiB > {RESIDENT_SHARE:.0%} of the limit")
+    if grown > RESIDENT_SHARE * limit:
+        why.append(f"resident memory grew {grown >> 20} MiB > {RESIDENT_SHARE:.0%} of the limit")
     return why
 
 

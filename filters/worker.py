@@ -132,6 +132,9 @@ class Worker:
         # waiting one was gone or stopped), refused (it exited instead of accepting the job:
         # its CUDA init had failed) or unresponsive (alive, but no answer within HANDSHAKE_S).
         self.last_child = ""
+        # Why the last candidate's process was not kept for the next one, though it could have
+        # been (the audit's first finding, "census" or "no audit"); "" when kept or not eligible.
+        self.last_retired = ""
         self._refusal = ""
         self.in_fd = in_fd
         self.out_fd = out_fd
@@ -255,6 +258,7 @@ class Worker:
             "verdicts": verdicts,
             "replace": replace,
             "child": self.last_child,
+            "retired": self.last_retired,
         }
 
     def calibrate(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -325,17 +329,25 @@ class Worker:
         payload: dict[str, Any] = {}
         failure: tuple[str, str] | None = ("filter_error", "the candidate process did not start")
         keep = False
+        self.last_retired = ""
         try:
             if started is not None:
                 child.served += 1
                 if on_event:
                     on_event({"event": "started", "pid": child.pid})
                 payload, failure = self._supervise(
-                    child.pid, child.report_fd, settings, log_path, on_event, started
+                    child.pid,
+                    child.report_fd,
+                    settings,
+                    log_path,
+                    on_event,
+                    started,
+                    may_prepare=child.served == 1 and _reusable_for(settings),
                 )
                 per_process = int(settings.get("candidates_per_process", 1))
                 if failure is None and _reusable_for(settings) and child.served < per_process:
-                    keep = self._passed_audit(child)
+                    self.last_retired = self._audit_finding(child)
+                    keep = not self.last_retired
         finally:
             if keep:
                 self._kept, clean = child, True
@@ -384,21 +396,23 @@ class Worker:
         self._discard(child)
         return None, None
 
-    def _passed_audit(self, child: _Child) -> bool:
-        """After a candidate that finished, whether its process may take the next one: it
-        reports its own audit (``filters.state_audit``) within ``HANDSHAKE_S``, and nothing
-        but the process itself is left of the candidate (no other process, no extra thread
-        the audit could not see)."""
+    def _audit_finding(self, child: _Child) -> str:
+        """After a candidate that finished, why its process may not take the next one ("" if
+        it may): it must report its own audit (``filters.state_audit``) within
+        ``HANDSHAKE_S``, and nothing but the process itself may be left of the candidate (no
+        other process, no extra thread the audit could not see)."""
         line = _read_line(child.report_fd, time.monotonic() + HANDSHAKE_S, self._leftover)
         try:
             audit = json.loads(line) if line else {}
         except ValueError:
             audit = {}
-        reusable = isinstance(audit, dict) and audit.get("event") == "audit"
-        if not (reusable and audit.get("reusable") is True):
-            return False
+        if not (isinstance(audit, dict) and audit.get("event") == "audit"):
+            return "no audit"
+        if audit.get("reusable") is not True:
+            why = audit.get("why") or ["not reusable"]
+            return str(why[0])[:200]
         procs = self._census(child.pid)
-        return [proc for proc, _, _ in procs] == [child.pid]
+        return "" if [proc for proc, _, _ in procs] == [child.pid] else "census"
 
     def _fork_child(self) -> _Child:
         """Fork a child that waits for its job; on CUDA it creates its context meanwhile."""
@@ -504,8 +518,15 @@ class Worker:
                     from filters import state_audit
 
                     early.wait()  # its thread is gone before the state is recorded
-                    state_audit.prepare(self.device)
-                    baseline = state_audit.snapshot()
+                    try:
+                        state_audit.prepare(self.device)
+                        baseline = state_audit.snapshot(self.device)
+                    except BaseException:  # the harness's failure: no candidate code ran yet
+                        detail = "preparing the audit's baseline: " + traceback.format_exc()
+                        event = {"event": "error", "detail": detail[-1500:]}
+                        _write_all(report_fd, json.dumps(event).encode() + b"\n")
+                        raise
+                    _write_all(report_fd, b'{"event": "prepared"}\n')
                 workdir = job["workdir"]
                 log = os.open(job["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 os.dup2(log, 1)
@@ -542,7 +563,12 @@ class Worker:
         log_path: str,
         on_event: Callable[[dict[str, Any]], None] | None,
         initial: bytes = b"",
+        may_prepare: bool = False,
     ) -> tuple[dict[str, Any], tuple[str, str] | None]:
+        """``may_prepare``: the first job of a child that may take more; it first compiles the
+        audit's tiny model (``filters.state_audit.prepare``) and reports ``prepared`` once:
+        the candidate's time starts then. Preparing gets a timeout of its own, and running
+        past it is the harness's failure, not the candidate's."""
         timeout = float(settings.get("task_timeout_s", 60.0))
         deadline = time.monotonic() + timeout
         census_every = POLL_S if self.private_pidns else HOST_CENSUS_S
@@ -554,7 +580,7 @@ class Worker:
         error: str | None = None
 
         def consume(chunk: bytes) -> bool:
-            nonlocal error
+            nonlocal error, deadline, may_prepare
             buffer.extend(chunk)
             while b"\n" in buffer:
                 line, _, rest = bytes(buffer).partition(b"\n")
@@ -568,7 +594,10 @@ class Worker:
                 kind = event.get("event")
                 if kind == "done":
                     return True
-                if kind == "error":
+                if kind == "prepared" and may_prepare:
+                    may_prepare = False
+                    deadline = time.monotonic() + timeout
+                elif kind == "error":
                     error = str(event.get("detail", ""))[-1500:]
                 elif kind in ("info", "calibration"):
                     payload.update({k: v for k, v in event.items() if k != "event"})
@@ -606,6 +635,9 @@ class Worker:
                 failure = self._watchdog(pid, log_path, settings)
                 if failure:
                     return payload, failure
+            if now > deadline and may_prepare:
+                detail = "preparing the audit's baseline (a tiny torch.compile) took longer"
+                return payload, ("filter_error", f"{detail} than task_timeout_s={timeout:g} s")
             if now > deadline:
                 return payload, ("timeout", f"exceeded task_timeout_s={timeout:g} s")
 

@@ -284,13 +284,20 @@ class FiltersConfig(_Section):
         "virtual ranges) the worker's resident-memory watchdog",
     )
     recycle_after: int = Field(default=50, ge=1, description="candidates per worker life")
-    candidates_per_process: int = Field(
+    candidates_per_process_cuda: int = Field(
+        default=8,
+        ge=1,
+        description="on CUDA, candidates one sandboxed process may run in turn, each after the "
+        "last passed the state audit (filters.state_audit): a host creates CUDA contexts one at "
+        "a time, about 2.5/s under load, and each process needs one (one H200, 16 workers: "
+        "118/min at 1, 152/min at 8). 1 = a fresh process per candidate, so no candidate's "
+        "verdict can depend on another's, at the cost of that rate",
+    )
+    candidates_per_process_cpu: int = Field(
         default=1,
         ge=1,
-        description="candidates one sandboxed process may run in turn, each after the last "
-        "passed the state audit (filters.state_audit): a host creates CUDA contexts one at a "
-        "time, about 2.5/s under load, and each process needs one. 1 = a fresh process per "
-        "candidate, so no candidate's verdict can depend on another's",
+        description="the same on CPU, where a process costs a fork of a warm worker but the "
+        "audit's baseline costs one small torch.compile (6 s warm, 20 s cold on 2 cores)",
     )
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
@@ -420,6 +427,12 @@ class FiltersConfig(_Section):
     def window_ms(self, device: str) -> tuple[float, float]:
         """The runtime window that applies on ``device`` ("cuda" or "cpu")."""
         return self.window_ms_cuda if device == "cuda" else self.window_ms_cpu
+
+    def candidates_per_process(self, device: str) -> int:
+        """How many candidates one process may run in turn on ``device``."""
+        if device == "cuda":
+            return self.candidates_per_process_cuda
+        return self.candidates_per_process_cpu
 
     @model_validator(mode="after")
     def _windows_ordered(self) -> FiltersConfig:

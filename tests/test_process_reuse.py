@@ -1,8 +1,10 @@
-"""``filters.candidates_per_process``: a process takes the next candidate only after its last
+"""``filters.candidates_per_process_*``: a process takes the next candidate only after its last
 one left nothing behind, and verdicts are those of a fresh process per candidate."""
 
 from __future__ import annotations
 
+import pytest
+import torch
 from test_sandbox_pool import config as pool_config
 
 from filters.pool import WorkerPool
@@ -37,9 +39,10 @@ def test_clean_candidates_share_a_process_and_keep_their_verdicts() -> None:
     with WorkerPool(config(), "cpu") as fresh:
         expected = outcome(fresh.evaluate(tasks))
         assert fresh.stats["child_reused"] == 0
-    with WorkerPool(config(candidates_per_process=4), "cpu") as pool:
+    with WorkerPool(config(candidates_per_process_cpu=4), "cpu") as pool:
         assert outcome(pool.evaluate(tasks)) == expected
         assert pool.stats["child_reused"] == 2
+        assert pool.stats["child_retired"] == {}
 
 
 def test_a_candidate_that_changes_torch_retires_its_process() -> None:
@@ -47,7 +50,58 @@ def test_a_candidate_that_changes_torch_retires_its_process() -> None:
     reused process the second would then return float64. Its process is retired instead."""
     leaky = task("return torch.relu(x) + 1", header="torch.set_default_dtype(torch.float64)")
     after = task("return torch.relu(x) * 3 + x")
-    with WorkerPool(config(candidates_per_process=4), "cpu") as pool:
+    with WorkerPool(config(candidates_per_process_cpu=4), "cpu") as pool:
         found = outcome(pool.evaluate([leaky, after]))
         assert pool.stats["child_reused"] == 0
+        assert pool.stats["child_retired"] == {"default_dtype: torch.float32 -> torch.float64": 1}
     assert found[after.id][1] == ["float32"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_the_gpu_reused_processes_keep_verdicts_and_retire_on_a_changed_switch() -> None:
+    """On CUDA the audit must not retire a clean process (cached allocator blocks, the CUDA
+    generator, cuBLAS workspaces are all restored or freed), and a candidate that turns TF32
+    on must retire its process: in a reused one the next matmul would be TF32."""
+    big = "[torch.randn(4096, 4096)]"  # a 4096^3 matmul: milliseconds, inside the window
+    clean = [
+        task("return torch.relu(x @ x) + x"),
+        task("return x * 0 + 1"),
+        Task(
+            ops=["t"],
+            data_source="torch#1",
+            code=task_source("return torch.tanh(x @ x) * 2", inputs=big),
+        ),
+    ]
+    leaky = Task(
+        ops=["t"],
+        data_source="torch#1",
+        code=task_source(
+            "return torch.sigmoid(x @ x)",
+            inputs=big,
+            header="torch.backends.cuda.matmul.allow_tf32 = True",
+        ),
+    )
+    tasks = [*clean, leaky, task("return torch.relu(x @ x) - x")]
+    with WorkerPool(config(), "cuda") as fresh:
+        expected = outcome(fresh.evaluate(tasks))
+    with WorkerPool(config(candidates_per_process_cuda=8), "cuda") as pool:
+        found = outcome(pool.evaluate(tasks))
+        stats = dict(pool.stats)
+    assert {k: v[0] for k, v in found.items()} == {k: v[0] for k, v in expected.items()}
+    # clean -> clean -> clean -> leaky; then a fresh one
+    assert stats["child_reused"] == 3, stats["child_retired"]
+    # TF32 on moves the float32 matmul precision too: the first finding (sorted) is that.
+    assert list(stats["child_retired"]) == ["float32_matmul_precision: 'highest' -> 'high'"]
+
+
+def test_preparing_the_baseline_is_not_the_candidates_time(tmp_path) -> None:
+    """A reusable process compiles a tiny model before its baseline (20 s with a cold cache
+    on 2 cores); running past the timeout there is the harness's failure, not a candidate's
+    ``timeout``."""
+    quick = task("return x * 0 + 1")
+    cold = {"cache_dir": str(tmp_path / "cache"), "task_timeout_s": 3.0}
+    with WorkerPool(pool_config(candidates_per_process_cpu=4, **cold), "cpu") as pool:
+        rows = pool.evaluate([quick])[quick.id]
+    assert [(v.stage, v.reason) for v in rows] == [("eager", "filter_error")]
+    assert "audit's baseline" in rows[0].detail

@@ -218,7 +218,8 @@ def test_host_cpu_busy_share_from_proc_stat() -> None:
 
 def test_context_waits_read_the_same_from_verdicts_and_parquet_rows() -> None:
     """``multi_gpu.py`` reads verdicts back from parquet (measures as JSON text); the
-    throughput benchmark has them in memory: both give the same context summary."""
+    throughput benchmark has them in memory: both give the same context summary. A reused
+    process's later candidate created no context: it counts for waits only."""
     import json
 
     from benchmarks.throughput import device_init
@@ -227,11 +228,17 @@ def test_context_waits_read_the_same_from_verdicts_and_parquet_rows() -> None:
         {"device_init_s": 4.0, "device_wait_s": 0.0},
         {"device_init_s": 6.0, "device_wait_s": 1.5},
         {"device_init_s": 9.0, "device_wait_s": 3.0},
+        {"device_init_s": 0.0, "device_wait_s": 0.0, "context_reused": True},
     ]
     verdicts = [Verdict(f"t{i}", "eager", True, "ok", measures=m) for i, m in enumerate(measures)]
     verdicts.append(Verdict("t0", "runtime", True, "ok", measures={"device_wait_s": 99.0}))
     rows = [{**v.__dict__, "measures": json.dumps(v.measures)} for v in verdicts]
-    expected = {"creation_median_s": 6.0, "wait_median_s": 1.5, "wait_total_s": 4.5}
+    expected = {
+        "contexts_created": 3,
+        "creation_median_s": 6.0,
+        "wait_median_s": 0.75,
+        "wait_total_s": 4.5,
+    }
     assert device_init(verdicts) == expected
     assert device_init(rows) == expected
     assert device_init(verdicts[-1:]) is None
