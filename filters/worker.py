@@ -330,6 +330,7 @@ class Worker:
         failure: tuple[str, str] | None = ("filter_error", "the candidate process did not start")
         keep = False
         self.last_retired = ""
+        reusable = _reusable_for(settings)
         try:
             if started is not None:
                 child.served += 1
@@ -342,10 +343,10 @@ class Worker:
                     log_path,
                     on_event,
                     started,
-                    may_prepare=child.served == 1 and _reusable_for(settings),
+                    may_prepare=child.served == 1 and reusable,
                 )
                 per_process = int(settings.get("candidates_per_process", 1))
-                if failure is None and _reusable_for(settings) and child.served < per_process:
+                if failure is None and reusable and child.served < per_process:
                     self.last_retired = self._audit_finding(child)
                     keep = not self.last_retired
         finally:
@@ -501,6 +502,7 @@ class Worker:
                 os.dup2(null, fd)
             os.close(null)
             early = self.checks.start_device_init(self.device)
+            emitter = _Emitter(report_fd)
             baseline = None
             served = 0
             while True:
@@ -523,10 +525,9 @@ class Worker:
                         baseline = state_audit.snapshot(self.device)
                     except BaseException:  # the harness's failure: no candidate code ran yet
                         detail = "preparing the audit's baseline: " + traceback.format_exc()
-                        event = {"event": "error", "detail": detail[-1500:]}
-                        _write_all(report_fd, json.dumps(event).encode() + b"\n")
+                        emitter.emit({"event": "error", "detail": detail[-1500:]})
                         raise
-                    _write_all(report_fd, b'{"event": "prepared"}\n')
+                    emitter.emit({"event": "prepared"})
                 workdir = job["workdir"]
                 log = os.open(job["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 os.dup2(log, 1)
@@ -535,7 +536,6 @@ class Worker:
                 _apply_limits(settings, self.device, reuse=reuse)
                 os.chdir(workdir)
                 os.environ["TMPDIR"] = workdir
-                emitter = _Emitter(report_fd)
                 try:
                     self._target(job)(emitter.emit)
                 except BaseException:
