@@ -3,7 +3,7 @@
 Run by hand on a multi-GPU host (needs prefect and prefect-dask besides torch), e.g.
 
     python benchmarks/multi_gpu.py --candidates results/throughput/candidates.parquet \
-        --gpus 1 2 --out results/multi_gpu
+        --gpus 1/16 2 1 --out results/multi_gpu
 
 The candidate set is the throughput benchmark's (``benchmarks/throughput.py`` writes it, sized,
 as ``candidates.parquet``), so both runs see identical tasks. Each GPU count runs in its own
@@ -12,6 +12,14 @@ filter shard submitted at once to a local Dask cluster of one worker per GPU, ea
 seeing only its GPU and an equal share of the cores, each running its own warm pool), in a
 Prefect flow on Prefect's temporary local server, with an empty compile cache, so both runs
 compile cold. Wall time covers the cluster's and pools' start as well as the filtering.
+
+A run is ``GPUS`` or ``GPUS/CORES``: ``1/16`` runs one GPU on the first 16 of the host's cores
+(the share each GPU gets in a 2-GPU run on 32 cores), ``1`` one GPU on all of them. Compiling
+is CPU work, so a lone GPU with every core is faster per GPU than one with its share; both
+single-GPU figures show what the second GPU adds and what the extra cores did. Speed-ups are
+against the first run. Throughput is given three ways: end to end (wall), between the first
+and the last sandboxed verdict (span), and steady (between the 10th and 90th percentile of the
+candidates' last verdicts, leaving out the pools' ramp-up and the last shards' tail).
 
 Verdicts are compared task by task (final stage and reason). A difference is *borderline* when
 either side's eager median lies within ``--borderline`` (relative) of the runtime window's
@@ -41,7 +49,7 @@ def one_run(args: argparse.Namespace) -> None:
     """The screen stage over the candidate set on ``--one`` GPUs; prints one JSON line."""
     from flows.prefect_env import configure_prefect
 
-    out = args.out / f"gpus-{args.one}"
+    out = args.out / run_label(args.one, args.one_cores)
     configure_prefect(out / ".prefect")
     from prefect import flow
 
@@ -61,7 +69,7 @@ def one_run(args: argparse.Namespace) -> None:
     )
     cfg = cfg.with_section(
         "runner", kind="dask", workers=args.one, shards_per_worker=args.shards_per_worker
-    )
+    )  # one worker per GPU, each with an equal share of this process's cores (its affinity)
 
     @flow(name="multi-gpu-benchmark")
     def screen_flow(progress) -> list:
@@ -77,7 +85,8 @@ def one_run(args: argparse.Namespace) -> None:
     verdicts = screen_flow.with_options(task_runner=engine)(LocalOnly(lambda *a: None))
     wall = time.perf_counter() - start
     write_verdicts(verdicts, out / "verdicts.parquet")
-    print(json.dumps({"gpus": args.one, "tasks": len(tasks), "wall_s": wall}))
+    cores = len(os.sched_getaffinity(0))
+    print(json.dumps({"gpus": args.one, "cores": cores, "tasks": len(tasks), "wall_s": wall}))
 
 
 # ------------------------------------------------------------------------ pure comparison
@@ -110,6 +119,45 @@ def filter_span_s(rows: list[dict[str, Any]]) -> float | None:
 
     times = [datetime.fromisoformat(r["created_at"]) for r in rows if r["stage"] in STAGES]
     return (max(times) - min(times)).total_seconds() if len(times) > 1 else None
+
+
+def steady_per_minute(
+    rows: list[dict[str, Any]], low: float = 0.1, high: float = 0.9
+) -> float | None:
+    """Candidates per minute between the ``low`` and ``high`` quantiles of the candidates'
+    last sandboxed verdicts: the rate once every pool is running and before the last shards
+    leave GPUs idle, both of which a longer run amortises."""
+    from datetime import datetime
+
+    from filters.reasons import STAGES
+
+    last: dict[str, datetime] = {}
+    for row in rows:
+        if row["stage"] in STAGES:
+            at = datetime.fromisoformat(row["created_at"])
+            last[row["task_id"]] = max(at, last.get(row["task_id"], at))
+    times = sorted(last.values())
+    first, final = int(low * len(times)), int(high * len(times)) - 1
+    if final <= first:
+        return None
+    seconds = (times[final] - times[first]).total_seconds()
+    return round((final - first) / seconds * 60, 1) if seconds > 0 else None
+
+
+def run_label(gpus: int, cores: int) -> str:
+    return f"gpus-{gpus}" + (f"-cores-{cores}" if cores else "")
+
+
+def parse_run(text: str) -> tuple[int, int]:
+    """``GPUS`` or ``GPUS/CORES`` -> (gpus, cores; 0 = all of the host's)."""
+    gpus, _, cores = text.partition("/")
+    try:
+        parsed = int(gpus), int(cores or 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected GPUS or GPUS/CORES") from None
+    if parsed[0] < 1 or parsed[1] < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: GPUs must be >= 1 and cores >= 0")
+    return parsed
 
 
 def borderline(a: dict[str, Any], b: dict[str, Any], window: tuple[float, float], rel: float):
@@ -153,7 +201,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--candidates", type=Path, required=True, help="candidates.parquet")
-    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="GPU counts to run")
+    parser.add_argument(
+        "--gpus",
+        type=parse_run,
+        nargs="+",
+        default=[(1, 0), (2, 0)],
+        help="runs, in order: GPUS or GPUS/CORES (CORES of the host's; default all)",
+    )
     parser.add_argument("--shard-size", type=int, default=16, help="candidates per Dask task")
     parser.add_argument(
         "--shards-per-worker",
@@ -172,6 +226,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--borderline", type=float, default=0.1, help="relative window slack")
     parser.add_argument("--out", type=Path, default=Path("multi_gpu"))
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--one-cores", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -182,29 +237,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         one_run(args)
         return {}
     from benchmarks.throughput import device_init
-    from opsynth.config import FiltersConfig
     from opsynth.store import read_table
 
     runs = []
-    for count in args.gpus:
+    cores = sorted(os.sched_getaffinity(0))
+    for count, share in args.gpus:
+        if share > len(cores):
+            sys.exit(f"{count}/{share}: this host lets this process use {len(cores)} cores")
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(count))}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-        command = [sys.executable, __file__, "--one", str(count), *_passthrough(args)]
-        print(f"{count} GPU(s) ...", flush=True)
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        command = [sys.executable, __file__, "--one", str(count), "--one-cores", str(share)]
+        command += _passthrough(args)
+        label = run_label(count, share)
+        print(f"{label} ...", flush=True)
+        allowed = set(cores[:share] if share else cores)
+        done = subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            preexec_fn=lambda allowed=allowed: os.sched_setaffinity(0, allowed),
+        )
         if done.returncode:
-            sys.exit(f"{count} GPU run failed:\n{done.stderr[-4000:]}")
+            sys.exit(f"{label} run failed:\n{done.stderr[-4000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        rows = read_table(args.out / f"gpus-{count}" / "verdicts.parquet").to_pylist()
+        rows = read_table(args.out / label / "verdicts.parquet").to_pylist()
         result["final"] = final_rows(rows)
         result["per_minute"] = round(result["tasks"] / result["wall_s"] * 60, 1)
         result["filter_span_s"] = filter_span_s(rows)
+        result["steady_per_minute"] = steady_per_minute(rows)
         result["device_init"] = device_init(rows)
         runs.append(result)
         print(f"  {result['wall_s']:.0f} s, {result['per_minute']}/min", flush=True)
+        summary = summarise(args, runs)
+        (args.out / "multi_gpu.json").write_text(json.dumps(summary, indent=2))
+    print(table(summary))
+    return summary
+
+
+def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs so far against the first (written after each run, so a cut-off session keeps
+    what finished)."""
+    from opsynth.config import FiltersConfig
+
     base = runs[0]
     window = FiltersConfig().window_ms(args.device)
-    summary = {
+    return {
         "candidates": base["tasks"],
         "shard_size": args.shard_size,
         "shards_per_worker": args.shards_per_worker,
@@ -213,11 +291,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "runs": [
             {
                 "gpus": r["gpus"],
+                "cores": r["cores"],
                 "wall_s": round(r["wall_s"], 1),
                 "per_minute": r["per_minute"],
                 "speedup": round(base["wall_s"] / r["wall_s"], 2),
                 "filter_span_s": r["filter_span_s"],
                 "filter_span_speedup": _ratio(base["filter_span_s"], r["filter_span_s"]),
+                "steady_per_minute": r["steady_per_minute"],
+                "steady_speedup": _ratio(r["steady_per_minute"], base["steady_per_minute"]),
                 "kept": sum(1 for v in r["final"].values() if v["reason"] == "ok"),
                 "verdicts_vs_first": compare(base["final"], r["final"], window, args.borderline),
                 "device_init": r["device_init"],
@@ -225,9 +306,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for r in runs
         ],
     }
-    (args.out / "multi_gpu.json").write_text(json.dumps(summary, indent=2))
-    print(table(summary))
-    return summary
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -255,10 +333,10 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
 
 def table(summary: dict[str, Any]) -> str:
     lines = [
-        "| GPUs | wall s | candidates/min | speed-up | filter span s | span speed-up | kept "
-        "| identical verdicts | borderline | mismatches "
-        "| CUDA contexts: created; creation median s; candidates' wait total s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| GPUs | cores | wall s | candidates/min | speed-up | filter span s | span speed-up "
+        "| steady candidates/min | steady speed-up | kept | identical verdicts | borderline "
+        "| mismatches | CUDA contexts: created; creation median s; candidates' wait total s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in summary["runs"]:
         c = r["verdicts_vs_first"]
@@ -270,10 +348,10 @@ def table(summary: dict[str, Any]) -> str:
             else "n/a"
         )
         lines.append(
-            f"| {r['gpus']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x "
-            f"| {r['filter_span_s']} | {r['filter_span_speedup']}x | {r['kept']} "
-            f"| {c['identical']}/{c['tasks']} | {len(c['borderline'])} | {len(c['mismatch'])} "
-            f"| {context} |"
+            f"| {r['gpus']} | {r['cores']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x "
+            f"| {r['filter_span_s']} | {r['filter_span_speedup']}x | {r['steady_per_minute']} "
+            f"| {r['steady_speedup']}x | {r['kept']} | {c['identical']}/{c['tasks']} "
+            f"| {len(c['borderline'])} | {len(c['mismatch'])} | {context} |"
         )
     return "\n".join(lines)
 

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_usage import parse_line, summarise  # noqa: E402
@@ -170,6 +172,44 @@ def test_filter_span_counts_sandboxed_stages_only() -> None:
     rows += [row("compile", "53:00"), row("runtime", "52:00")]
     assert filter_span_s(rows) == 110.0  # 51:10 -> 53:00; the prefilter's rows do not count
     assert filter_span_s(rows[:3]) is None
+
+
+def test_steady_rate_leaves_out_ramp_up_and_tail() -> None:
+    """Ten candidates: two stragglers at each end, six finishing a second apart in between.
+    Each candidate counts at its last sandboxed verdict; the prefilter's rows never count."""
+    from benchmarks.multi_gpu import steady_per_minute
+
+    def row(task: str, stage: str, second: int) -> dict:
+        minute, sec = divmod(second, 60)
+        return {
+            "task_id": task,
+            "stage": stage,
+            "created_at": f"2026-11-30T00:{minute:02}:{sec:02}",
+        }
+
+    finish = [0, 30, 40, 41, 42, 43, 44, 45, 100, 200]
+    rows = [row(f"t{i}", "static", 0) for i in range(10)]
+    rows += [row(f"t{i}", "eager", max(0, at - 5)) for i, at in enumerate(finish)]
+    rows += [row(f"t{i}", "runtime", at) for i, at in enumerate(finish)]
+    # quantiles 0.1 and 0.9 of 10 -> the 2nd (30 s) and the 9th (100 s) candidate: 7 in 70 s
+    assert steady_per_minute(rows) == 6.0
+    # 0.2 .. 0.8 -> 3rd (40 s) .. 8th (45 s): 5 candidates in 5 s
+    assert steady_per_minute(rows, 0.2, 0.8) == 60.0
+    assert steady_per_minute(rows[:12]) is None  # too few candidates for a rate
+
+
+def test_multi_gpu_runs_name_gpus_and_an_optional_core_share() -> None:
+    import argparse
+
+    from benchmarks.multi_gpu import parse_args, parse_run, run_label
+
+    assert parse_run("2") == (2, 0) and parse_run("1/16") == (1, 16)
+    for bad in ("0", "two", "1/-4", "1/x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="GPU"):
+            parse_run(bad)
+    args = parse_args(["--candidates", "c.parquet", "--gpus", "1/16", "2", "1"])
+    assert args.gpus == [(1, 16), (2, 0), (1, 0)]
+    assert [run_label(*run) for run in args.gpus] == ["gpus-1-cores-16", "gpus-2", "gpus-1"]
 
 
 def test_gpu_samples_are_summarised_per_gpu() -> None:
