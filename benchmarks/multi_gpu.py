@@ -71,22 +71,42 @@ def one_run(args: argparse.Namespace) -> None:
         "runner", kind="dask", workers=args.one, shards_per_worker=args.shards_per_worker
     )  # one worker per GPU, each with an equal share of this process's cores (its affinity)
 
+    marks: dict[str, float] = {}
+
     @flow(name="multi-gpu-benchmark")
-    def screen_flow(progress) -> list:
+    def screen_flow(progress) -> tuple[list, list[dict[str, Any]]]:
+        marks["flow_started_at"] = time.time()
         run = RunDir.create(out / "run")
         pool = LazyPool(cfg, args.device)  # stays unstarted: every shard goes to the cluster
         try:
-            return screen(run, cfg, tasks, args.device, pool, WorkLedger(), progress)
+            verdicts = screen(run, cfg, tasks, args.device, pool, WorkLedger(), progress)
         finally:
             pool.close()
+        marks["screened_at"] = time.time()
+        return verdicts, cluster_pool_stats()
 
+    marks["started_at"] = time.time()
     start = time.perf_counter()
     engine = task_runner(cfg.runner, args.device, cfg.filters)
-    verdicts = screen_flow.with_options(task_runner=engine)(LocalOnly(lambda *a: None))
+    verdicts, pools = screen_flow.with_options(task_runner=engine)(LocalOnly(lambda *a: None))
     wall = time.perf_counter() - start
     write_verdicts(verdicts, out / "verdicts.parquet")
     cores = len(os.sched_getaffinity(0))
-    print(json.dumps({"gpus": args.one, "cores": cores, "tasks": len(tasks), "wall_s": wall}))
+    result = {"gpus": args.one, "cores": cores, "tasks": len(tasks), "wall_s": wall}
+    print(json.dumps({**result, "marks": marks, "pools": pools}))
+
+
+def cluster_pool_stats() -> list[dict[str, Any]]:
+    """Every Dask worker's warm-pool stats (``filters.process_pool.stats``), in worker order:
+    when its pool started and was ready, how its candidates' processes were started, reused or
+    retired. Call inside the flow, while the cluster is up."""
+    from prefect_dask import get_dask_client
+
+    from filters import process_pool
+
+    with get_dask_client() as client:
+        found = client.run(process_pool.stats)
+    return [found[address] for address in sorted(found)]
 
 
 # ------------------------------------------------------------------------ pure comparison
@@ -142,6 +162,37 @@ def steady_per_minute(
         return None
     seconds = (times[final] - times[first]).total_seconds()
     return round((final - first) / seconds * 60, 1) if seconds > 0 else None
+
+
+def phases(
+    marks: dict[str, float], pools: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Seconds from the run's start to each milestone: the flow running (Prefect's server and
+    the cluster up), the prefilter's last row, each worker's pool ready, the first and last
+    sandboxed verdict, the flow done. Verdict times are whole seconds."""
+    from datetime import datetime
+
+    from filters.reasons import STAGES
+
+    start = marks["started_at"]
+
+    def at(stages: Any, pick: Any) -> float | None:
+        times = [datetime.fromisoformat(r["created_at"]) for r in rows if r["stage"] in stages]
+        return round(pick(times).timestamp() - start, 1) if times else None
+
+    ready = [
+        round(p["started_at"] + p["start_s"] - start, 1)
+        for p in pools
+        if p.get("started_at") is not None and p.get("start_s") is not None
+    ]
+    return {
+        "flow_running_s": round(marks["flow_started_at"] - start, 1),
+        "prefilter_done_s": at(("static", "decontam"), max),
+        "pools_ready_s": ready,
+        "first_verdict_s": at(STAGES, min),
+        "last_verdict_s": at(STAGES, max),
+        "flow_done_s": round(marks["screened_at"] - start, 1),
+    }
 
 
 def run_label(gpus: int, cores: int) -> str:
@@ -267,6 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["filter_span_s"] = filter_span_s(rows)
         result["steady_per_minute"] = steady_per_minute(rows)
         result["device_init"] = device_init(rows)
+        result["phases"] = phases(result.pop("marks"), result["pools"], rows)
         runs.append(result)
         print(f"  {result['wall_s']:.0f} s, {result['per_minute']}/min", flush=True)
         summary = summarise(args, runs)
@@ -302,10 +354,17 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
                 "kept": sum(1 for v in r["final"].values() if v["reason"] == "ok"),
                 "verdicts_vs_first": compare(base["final"], r["final"], window, args.borderline),
                 "device_init": r["device_init"],
+                "phases": r["phases"],
+                "pools": [_pool_summary(p) for p in r["pools"]],
             }
             for r in runs
         ],
     }
+
+
+def _pool_summary(stats: dict[str, Any]) -> dict[str, Any]:
+    keys = ("workers", "start_s", "candidates", "child_prestarted", "child_reused")
+    return {**{k: stats.get(k) for k in keys}, "child_retired": stats.get("child_retired")}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -352,6 +411,20 @@ def table(summary: dict[str, Any]) -> str:
             f"| {r['filter_span_s']} | {r['filter_span_speedup']}x | {r['steady_per_minute']} "
             f"| {r['steady_speedup']}x | {r['kept']} | {c['identical']}/{c['tasks']} "
             f"| {len(c['borderline'])} | {len(c['mismatch'])} | {context} |"
+        )
+    lines += [
+        "",
+        "| GPUs | cores | flow running s | prefilter done s | pools ready s | first verdict s "
+        "| last verdict s | flow done s | per pool: candidates, reused processes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in summary["runs"]:
+        p = r["phases"]
+        pools = "; ".join(f"{x['candidates']}, {x['child_reused']}" for x in r["pools"])
+        lines.append(
+            f"| {r['gpus']} | {r['cores']} | {p['flow_running_s']} | {p['prefilter_done_s']} "
+            f"| {', '.join(map(str, p['pools_ready_s']))} | {p['first_verdict_s']} "
+            f"| {p['last_verdict_s']} | {p['flow_done_s']} | {pools} |"
         )
     return "\n".join(lines)
 

@@ -159,8 +159,8 @@ def device_init(verdicts: list[Verdict] | list[dict[str, Any]]) -> dict[str, flo
             measures = json.loads(measures)
         if row["stage"] == "eager" and "device_wait_s" in measures:
             rows.append(measures)
-    if not rows:
-        return None
+    if not any(float(m.get("device_init_s") or 0) > 0 for m in rows):
+        return None  # no context made: a CPU run
     waits = [float(m["device_wait_s"]) for m in rows]
     # A reused process's later candidates found its context made: no creation to count.
     created = [float(m["device_init_s"]) for m in rows if not m.get("context_reused")]

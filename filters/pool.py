@@ -209,6 +209,10 @@ class WorkerPool:
             "cuda_version": None,
             "workers": 0,
             "workers_started": 0,
+            # When start() began (epoch seconds) and how long it took until every worker was
+            # ready: lined up with the verdicts' times, where a run's start-up went.
+            "started_at": None,
+            "start_s": None,
             "workers_replaced": 0,
             "candidates": 0,
             "retried_alone": 0,
@@ -259,6 +263,8 @@ class WorkerPool:
 
     def _start(self) -> None:
         self._root = tempfile.mkdtemp(prefix="opsynth-pool-")
+        self.stats["started_at"] = round(time.time(), 3)
+        began = time.monotonic()
         try:
             self._paths_cache = self.cfg.cache_dir or default_cache_dir()
             for sub in ("inductor", "triton"):
@@ -273,6 +279,7 @@ class WorkerPool:
             self._workers = [None] * count
             self.stats["workers"] = count
             self._start_with_fallback()
+            self.stats["start_s"] = round(time.monotonic() - began, 3)
         except BaseException:
             self._close()
             raise

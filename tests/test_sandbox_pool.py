@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,9 @@ def test_worker_count() -> None:
 def test_workers_are_recycled_and_results_keep_order() -> None:
     tasks = [constant_task(v) for v in range(1, 4)]
     seen: list[tuple[int, int]] = []
+    before = time.time()
     with WorkerPool(config(recycle_after=2), "cpu") as pool:
+        started = dict(pool.stats)
         results = pool.evaluate(
             tasks + tasks[:2], progress=lambda done, total: seen.append((done, total))
         )
@@ -76,6 +79,9 @@ def test_workers_are_recycled_and_results_keep_order() -> None:
     idle = WorkerPool(config(), "cpu")
     assert idle.evaluate([]) == {}
     assert idle.stats["workers_started"] == 0  # nothing to do starts nothing
+    # when the start began and how long until every worker was ready (torch imported)
+    assert before <= started["started_at"] <= before + 5
+    assert started["start_s"] > 0.5 and idle.stats["start_s"] is None
 
 
 def test_auto_falls_back_to_rlimits_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -198,6 +198,34 @@ def test_steady_rate_leaves_out_ramp_up_and_tail() -> None:
     assert steady_per_minute(rows[:12]) is None  # too few candidates for a rate
 
 
+def test_multi_gpu_phases_line_up_marks_pools_and_verdicts() -> None:
+    from datetime import UTC, datetime
+
+    from benchmarks.multi_gpu import phases
+
+    start = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC).timestamp()
+
+    def row(stage: str, second: int) -> dict:
+        return {"stage": stage, "created_at": f"2026-11-30T12:00:{second:02}+00:00"}
+
+    marks = {"started_at": start, "flow_started_at": start + 12.34, "screened_at": start + 58.0}
+    pools = [
+        {"started_at": start + 3.0, "start_s": 20.04},
+        {"started_at": start + 3.5, "start_s": 25.0},
+        {"started_at": None, "start_s": None},  # a pool that never started counts nowhere
+    ]
+    rows = [row("static", 14), row("decontam", 15), row("eager", 30), row("compile", 55)]
+    assert phases(marks, pools, rows) == {
+        "flow_running_s": 12.3,
+        "prefilter_done_s": 15.0,
+        "pools_ready_s": [23.0, 28.5],
+        "first_verdict_s": 30.0,
+        "last_verdict_s": 55.0,
+        "flow_done_s": 58.0,
+    }
+    assert phases(marks, [], rows[:2])["first_verdict_s"] is None
+
+
 def test_multi_gpu_runs_name_gpus_and_an_optional_core_share() -> None:
     import argparse
 
@@ -282,3 +310,5 @@ def test_context_waits_read_the_same_from_verdicts_and_parquet_rows() -> None:
     assert device_init(verdicts) == expected
     assert device_init(rows) == expected
     assert device_init(verdicts[-1:]) is None
+    on_cpu = {"device_init_s": 0.0, "device_wait_s": 0.0, "device_warm_s": 0.0}
+    assert device_init([Verdict("c", "eager", True, "ok", measures=on_cpu)]) is None
