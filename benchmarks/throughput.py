@@ -352,6 +352,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "prestart_child": cfg.prestart_child,
         "batch_timers": cfg.batch_timers,
         "candidates_per_process": cfg.candidates_per_process(device),
+        "prepare_audit_ahead": cfg.prepare_audit_ahead,
         "sizing_max_device_gib": args.max_device_gib,
         "candidates": counts | {"total": n, "kept": pool["kept"]},
         "pool": {
@@ -376,6 +377,8 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
                 for k in ("prestarted", "fresh", "replaced", "refused", "unresponsive", "reused")
             },
             "retired_by_audit": pool["stats"].get("child_retired") or {},
+            "audit_prepare_s": round(pool["stats"].get("audit_prepare_s") or 0.0, 1),
+            "audit_prepared_ahead": pool["stats"].get("audit_prepared_ahead") or 0,
         },
         "naive": {
             "subset": done,
@@ -436,6 +439,11 @@ def table(s: dict[str, Any]) -> str:
         (
             "processes retired instead of reused, by first finding",
             "; ".join(f"{k}: {v}" for k, v in p.get("retired_by_audit", {}).items()) or "none",
+        ),
+        (
+            "audit baselines: candidates' wait s; found prepared ahead"
+            + ("" if s.get("prepare_audit_ahead") else " (prepare ahead off)"),
+            f"{p.get('audit_prepare_s')}; {p.get('audit_prepared_ahead')}",
         ),
         (
             "re-run for memory (sizing + filters): tasks; seconds, of them in the filters",
@@ -555,6 +563,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="candidates one process may run in turn (default: the config's "
         "filters.candidates_per_process_cuda or _cpu, by device)",
     )
+    parser.add_argument(
+        "--prepare-audit-ahead",
+        action="store_true",
+        help="spares prepare the state audit's baseline while they wait "
+        "(filters.prepare_audit_ahead)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("throughput"))
     return parser.parse_args(argv)
@@ -578,6 +592,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cache_dir=cache,
         prestart_child=args.prestart,
         batch_timers=args.batch_timers,
+        prepare_audit_ahead=args.prepare_audit_ahead,
         **per_process_setting(args.candidates_per_process, device),
     )
     fixed, composed, counts = candidate_set(args)

@@ -127,9 +127,12 @@ def worker_env(
     return env
 
 
-def worker_command(*, in_fd: int, out_fd: int, device: str, prestart: bool) -> list[str]:
+def worker_command(
+    *, in_fd: int, out_fd: int, device: str, prestart: bool, prepare_ahead: bool = False
+) -> list[str]:
     """The worker's own command line (inside the sandbox or not)."""
     flags = ["--prestart"] if prestart else []
+    flags += ["--prepare-ahead"] if prestart and prepare_ahead else []
     return [
         sys.executable,
         "-P",  # never put the working directory (the candidate's /tmp) on sys.path
@@ -218,8 +221,11 @@ def launch_argv(
     in_fd: int,
     out_fd: int,
     prestart: bool,
+    prepare_ahead: bool = False,
 ) -> list[str]:
-    command = worker_command(in_fd=in_fd, out_fd=out_fd, device=device, prestart=prestart)
+    command = worker_command(
+        in_fd=in_fd, out_fd=out_fd, device=device, prestart=prestart, prepare_ahead=prepare_ahead
+    )
     if kind == "bwrap":
         return [*bwrap_prefix(paths=paths, device=device, tmp_bytes=tmp_bytes), "--", *command]
     return command

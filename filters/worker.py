@@ -118,9 +118,16 @@ class Worker:
         host_pidns: str,
         preimport: bool = True,
         prestart: bool = False,
+        prepare_ahead: bool = False,
     ) -> None:
         self.preimport = preimport
         self.prestart = prestart
+        # Whether the next spare starts the audit's preparation before its job comes
+        # (``filters.prepare_audit_ahead``): as allowed at first, then as the last candidate
+        # was reusable (a harness job is not: its spare would compile for nothing). A child
+        # forked for a job at hand gains nothing from it.
+        self.prepare_ahead = prepare_ahead
+        self._ahead_next = prepare_ahead
         # The prestarted child, waiting for its job; and the parent-side fds of all children.
         self._spare: _Child | None = None
         # The child kept after its candidate passed the audit, waiting for the next job; and
@@ -135,6 +142,10 @@ class Worker:
         # Why the last candidate's process was not kept for the next one, though it could have
         # been (the audit's first finding, "census" or "no audit"); "" when kept or not eligible.
         self.last_retired = ""
+        # Seconds the last candidate waited for its process's audit baseline, and whether the
+        # baseline was ready (prepared ahead) when the job came.
+        self.last_prepare_s = 0.0
+        self.last_prepared_ahead = False
         self._refusal = ""
         self.in_fd = in_fd
         self.out_fd = out_fd
@@ -259,6 +270,8 @@ class Worker:
             "replace": replace,
             "child": self.last_child,
             "retired": self.last_retired,
+            "prepare_s": round(self.last_prepare_s, 3),
+            "prepared_ahead": self.last_prepared_ahead,
         }
 
     def calibrate(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -323,6 +336,9 @@ class Worker:
                 fh.write(text)
         log_path = os.path.join(workdir, LOG_FILE)
         job = {**job, "workdir": workdir, "log_path": log_path}
+        reusable = _reusable_for(settings)
+        if job["kind"] == "eval":
+            self._ahead_next = self.prepare_ahead and reusable  # for the spare forked next
         child, started = self._reuse_kept(job)
         if child is None:
             child, started = self._start_child(job)
@@ -330,7 +346,6 @@ class Worker:
         failure: tuple[str, str] | None = ("filter_error", "the candidate process did not start")
         keep = False
         self.last_retired = ""
-        reusable = _reusable_for(settings)
         try:
             if started is not None:
                 child.served += 1
@@ -380,7 +395,7 @@ class Worker:
             started = self._hand_over(child, job, refusable=False)
         if self.prestart:
             with contextlib.suppress(OSError):  # no fork to spare (a process limit): go without
-                self._spare = self._fork_child()
+                self._spare = self._fork_child(prepare_ahead=self._ahead_next)
         return child, started
 
     def _reuse_kept(self, job: dict[str, Any]) -> tuple[_Child | None, bytes | None]:
@@ -415,13 +430,14 @@ class Worker:
         procs = self._census(child.pid)
         return "" if [proc for proc, _, _ in procs] == [child.pid] else "census"
 
-    def _fork_child(self) -> _Child:
-        """Fork a child that waits for its job; on CUDA it creates its context meanwhile."""
+    def _fork_child(self, prepare_ahead: bool = False) -> _Child:
+        """Fork a child that waits for its job; on CUDA it creates its context meanwhile, and
+        with ``prepare_ahead`` (a spare) it prepares the audit's baseline too."""
         go_read, go_write = os.pipe()
         report_read, report_write = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            self._child(go_read, report_write, [go_write, report_read])
+            self._child(go_read, report_write, [go_write, report_read], prepare_ahead)
         os.close(go_read)
         os.close(report_write)
         return _Child(pid, go_write, report_read, self._child_fds)
@@ -483,7 +499,7 @@ class Worker:
         self._discard(spare)
 
     def _child(
-        self, go_fd: int, report_fd: int, parent_fds: list[int]
+        self, go_fd: int, report_fd: int, parent_fds: list[int], prepare_ahead: bool
     ) -> None:  # pragma: no cover - runs in the child
         status = 0
         try:
@@ -502,6 +518,11 @@ class Worker:
                 os.dup2(null, fd)
             os.close(null)
             early = self.checks.start_device_init(self.device)
+            ahead = None
+            if prepare_ahead:
+                from filters import state_audit
+
+                ahead = state_audit.Preparation(self.device, after=early.wait)
             emitter = _Emitter(report_fd)
             baseline = None
             served = 0
@@ -519,15 +540,23 @@ class Worker:
                 if reuse and baseline is None:
                     from filters import state_audit
 
-                    early.wait()  # its thread is gone before the state is recorded
+                    ready = ahead is not None and ahead.done
                     try:
-                        state_audit.prepare(self.device)
+                        if ahead is None:
+                            early.wait()  # its thread is gone before the state is recorded
+                            state_audit.prepare(self.device)
+                        else:
+                            ahead.wait()
                         baseline = state_audit.snapshot(self.device)
                     except BaseException:  # the harness's failure: no candidate code ran yet
                         detail = "preparing the audit's baseline: " + traceback.format_exc()
                         emitter.emit({"event": "error", "detail": detail[-1500:]})
                         raise
-                    emitter.emit({"event": "prepared"})
+                    emitter.emit({"event": "prepared", "ahead": ready})
+                elif ahead is not None:
+                    with contextlib.suppress(BaseException):
+                        ahead.wait()  # nothing of ours may run beside a job without a baseline
+                ahead = None
                 workdir = job["workdir"]
                 log = os.open(job["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 os.dup2(log, 1)
@@ -570,7 +599,9 @@ class Worker:
         the candidate's time starts then. Preparing gets a timeout of its own, and running
         past it is the harness's failure, not the candidate's."""
         timeout = float(settings.get("task_timeout_s", 60.0))
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
+        self.last_prepare_s, self.last_prepared_ahead = 0.0, False
         census_every = POLL_S if self.private_pidns else HOST_CENSUS_S
         self._leftover = b""  # what this child reports past ``done`` (its audit), if anything
         next_census = 0.0
@@ -596,7 +627,10 @@ class Worker:
                     return True
                 if kind == "prepared" and may_prepare:
                     may_prepare = False
-                    deadline = time.monotonic() + timeout
+                    now = time.monotonic()
+                    deadline = now + timeout
+                    self.last_prepare_s = now - began
+                    self.last_prepared_ahead = event.get("ahead") is True
                 elif kind == "error":
                     error = str(event.get("detail", ""))[-1500:]
                 elif kind in ("info", "calibration"):
@@ -645,7 +679,9 @@ class Worker:
 
     def _census(self, pid: int) -> list[tuple[int, int, int]]:
         """(pid, threads, rss pages) of every process the candidate started (not the
-        prestarted child, which is ours and has run nothing of the candidate's)."""
+        prestarted child, which is ours and has run nothing of the candidate's, nor what it
+        started: the compiler its audit preparation runs, in its session, which the candidate
+        cannot join)."""
         me = os.getpid()
         spare = self._spare.pid if self._spare else None
         found = []
@@ -659,6 +695,8 @@ class Worker:
             if stat is None:
                 continue
             ppid, pgrp, session, threads, rss = stat
+            if spare is not None and session == spare:
+                continue
             if self.private_pidns or session == pid or pgrp == pid or ppid == me:
                 found.append((proc, threads, rss))
         return found
@@ -952,6 +990,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-pidns", default="")
     parser.add_argument("--no-preimport", dest="preimport", action="store_false")
     parser.add_argument("--prestart", action="store_true")
+    parser.add_argument("--prepare-ahead", action="store_true")
     args = parser.parse_args(argv)
     # Forking after torch started its own threads is what this worker is built on: the child
     # never relies on those threads, so Python 3.12's warning about it is noise in the log.
@@ -965,7 +1004,13 @@ def main(argv: list[str] | None = None) -> int:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     try:
         Worker(
-            args.in_fd, args.out_fd, args.device, args.host_pidns, args.preimport, args.prestart
+            args.in_fd,
+            args.out_fd,
+            args.device,
+            args.host_pidns,
+            args.preimport,
+            args.prestart,
+            args.prepare_ahead,
         ).serve()
     except BrokenPipeError:
         return 0

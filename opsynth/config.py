@@ -299,6 +299,14 @@ class FiltersConfig(_Section):
         description="the same on CPU, where a process costs a fork of a warm worker but the "
         "audit's baseline costs one small torch.compile (6 s warm, 20 s cold on 2 cores)",
     )
+    prepare_audit_ahead: bool = Field(
+        default=False,
+        description="with prestart_child and candidates_per_process above 1, a prestarted "
+        "process compiles the state audit's tiny model on a thread while it waits for its job, "
+        "so its first candidate does not wait for it (pool.stats audit_prepare_s, "
+        "audit_prepared_ahead). Off by default: its effect on a GPU host's throughput and "
+        "timing noise is not measured yet",
+    )
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
     batch_timers: bool = Field(

@@ -3,6 +3,8 @@ one left nothing behind, and verdicts are those of a fresh process per candidate
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from test_sandbox_pool import config as pool_config
@@ -105,3 +107,22 @@ def test_preparing_the_baseline_is_not_the_candidates_time(tmp_path) -> None:
         rows = pool.evaluate([quick])[quick.id]
     assert [(v.stage, v.reason) for v in rows] == [("eager", "filter_error")]
     assert "audit's baseline" in rows[0].detail
+
+
+def test_a_spare_prepares_its_baseline_while_it_waits() -> None:
+    """With ``prepare_audit_ahead`` a prestarted process compiles the audit's tiny model
+    while it waits, so its first candidate finds the baseline ready; verdicts and reuse are
+    those of a process that prepared after its job came."""
+    tasks = [task("return torch.relu(x) * 2 + x"), task("return x * 0 + 1")]
+    tasks += [task("return torch.tanh(x) - x")]
+    with WorkerPool(config(candidates_per_process_cpu=4), "cpu") as plain:
+        expected = outcome(plain.evaluate(tasks))  # warms the compile cache for both pools
+        after_job = dict(plain.stats)
+    with WorkerPool(config(candidates_per_process_cpu=4, prepare_audit_ahead=True), "cpu") as pool:
+        time.sleep(30)  # the spare forked at start prepares meanwhile (6 s warm on 2 cores)
+        assert outcome(pool.evaluate(tasks)) == expected
+        ahead = dict(pool.stats)
+    assert after_job["audit_prepared_ahead"] == 0 and after_job["audit_prepare_s"] > 0.5
+    assert ahead["child_reused"] == after_job["child_reused"] == 2
+    assert ahead["audit_prepared_ahead"] == 1  # one worker, one process for all three
+    assert ahead["audit_prepare_s"] < 0.5 < after_job["audit_prepare_s"]

@@ -153,10 +153,13 @@ def test_a_clean_candidate_leaves_nothing() -> None:
 AFTER_COMPILE = """
 import sys
 import torch
-from filters.state_audit import after_candidate, prepare, snapshot
-device = sys.argv[1]
-prepare(device)
-before = snapshot()
+from filters.state_audit import Preparation, after_candidate, prepare, snapshot
+device, where = sys.argv[1], sys.argv[2]
+if where == "thread":
+    Preparation(device).wait()
+else:
+    prepare(device)
+before = snapshot(device)
 model = torch.nn.Sequential(
     torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 16)
 ).to(device)
@@ -170,9 +173,9 @@ print(after_candidate(before, {"memory_limit_bytes": 8 << 30}, device))
 """
 
 
-def _compile_in_a_fresh_process(device: str, cache: Path) -> str:
+def _compile_in_a_fresh_process(device: str, cache: Path, where: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", AFTER_COMPILE, device],
+        [sys.executable, "-c", AFTER_COMPILE, device, where],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -190,20 +193,24 @@ def _compile_in_a_fresh_process(device: str, cache: Path) -> str:
 
 
 @pytest.mark.slow
-def test_torch_compile_in_a_fresh_process_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_torch_compile_in_a_fresh_process_leaves_nothing(tmp_path: Path, where: str) -> None:
     """The first ``torch.compile`` of a process patches torch for good; ``prepare`` does it
     before the baseline, so a candidate's compile leaves nothing, or no compiled candidate's
-    process would ever be reused."""
-    assert _compile_in_a_fresh_process("cpu", tmp_path / "cache") == "[]"
+    process would ever be reused. Prepared on another thread (``Preparation``, a prestarted
+    process waiting for its job), the candidate's compile on the main thread leaves nothing
+    either."""
+    assert _compile_in_a_fresh_process("cpu", tmp_path / "cache", where) == "[]"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_compiled_candidate_on_the_gpu_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_compiled_candidate_on_the_gpu_leaves_nothing(tmp_path: Path, where: str) -> None:
     """On CUDA the cleanup must give back what the candidate took (cached allocator blocks,
     the generator's seed, peak statistics) and count only what the process grew, not the
     context and libraries a fresh process holds too."""
-    assert _compile_in_a_fresh_process("cuda", tmp_path / "cache") == "[]"
+    assert _compile_in_a_fresh_process("cuda", tmp_path / "cache", where) == "[]"
 
 
 def test_resident_memory_a_candidate_keeps_retires_the_process() -> None:
