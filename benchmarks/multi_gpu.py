@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -130,15 +131,20 @@ def final_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def filter_span_s(rows: list[dict[str, Any]]) -> float | None:
-    """Seconds from the first to the last sandboxed-filter verdict (``created_at``, whole
-    seconds): the filtering itself, without the cluster's, the pools' and Prefect's start-up
-    and the orchestrator-side prefilter, which do not shrink with more GPUs."""
-    from datetime import datetime
-
+def stamped(rows: list[dict[str, Any]], stages: Any = None) -> list[tuple[dict, datetime]]:
+    """(row, its ``created_at``) for the rows of ``stages``, by default the sandboxed
+    filters'. Verdict times are whole seconds."""
     from filters.reasons import STAGES
 
-    times = [datetime.fromisoformat(r["created_at"]) for r in rows if r["stage"] in STAGES]
+    wanted = STAGES if stages is None else stages
+    return [(r, datetime.fromisoformat(r["created_at"])) for r in rows if r["stage"] in wanted]
+
+
+def filter_span_s(rows: list[dict[str, Any]]) -> float | None:
+    """Seconds from the first to the last sandboxed-filter verdict: the filtering itself,
+    without the cluster's, the pools' and Prefect's start-up and the orchestrator-side
+    prefilter, which do not shrink with more GPUs."""
+    times = [at for _, at in stamped(rows)]
     return (max(times) - min(times)).total_seconds() if len(times) > 1 else None
 
 
@@ -148,15 +154,9 @@ def steady_per_minute(
     """Candidates per minute between the ``low`` and ``high`` quantiles of the candidates'
     last sandboxed verdicts: the rate once every pool is running and before the last shards
     leave GPUs idle, both of which a longer run amortises."""
-    from datetime import datetime
-
-    from filters.reasons import STAGES
-
     last: dict[str, datetime] = {}
-    for row in rows:
-        if row["stage"] in STAGES:
-            at = datetime.fromisoformat(row["created_at"])
-            last[row["task_id"]] = max(at, last.get(row["task_id"], at))
+    for row, at in stamped(rows):
+        last[row["task_id"]] = max(at, last.get(row["task_id"], at))
     times = sorted(last.values())
     first, final = int(low * len(times)), int(high * len(times)) - 1
     if final <= first:
@@ -171,14 +171,10 @@ def phases(
     """Seconds from the run's start to each milestone: the flow running (Prefect's server and
     the cluster up), the prefilter's last row, each worker's pool ready, the first and last
     sandboxed verdict, the flow done. Verdict times are whole seconds."""
-    from datetime import datetime
-
-    from filters.reasons import STAGES
-
     start = marks["started_at"]
 
     def at(stages: Any, pick: Any) -> float | None:
-        times = [datetime.fromisoformat(r["created_at"]) for r in rows if r["stage"] in stages]
+        times = [moment for _, moment in stamped(rows, stages)]
         return round(pick(times).timestamp() - start, 1) if times else None
 
     ready = [
@@ -190,8 +186,8 @@ def phases(
         "flow_running_s": round(marks["flow_started_at"] - start, 1),
         "prefilter_done_s": at(("static", "decontam"), max),
         "pools_ready_s": ready,
-        "first_verdict_s": at(STAGES, min),
-        "last_verdict_s": at(STAGES, max),
+        "first_verdict_s": at(None, min),
+        "last_verdict_s": at(None, max),
         "flow_done_s": round(marks["screened_at"] - start, 1),
     }
 

@@ -132,7 +132,7 @@ def worker_command(
 ) -> list[str]:
     """The worker's own command line (inside the sandbox or not)."""
     flags = ["--prestart"] if prestart else []
-    flags += ["--prepare-ahead"] if prestart and prepare_ahead else []
+    flags += ["--prepare-ahead"] if prepare_ahead else []
     return [
         sys.executable,
         "-P",  # never put the working directory (the candidate's /tmp) on sys.path
