@@ -12,6 +12,7 @@ import shutil
 import statistics
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 
 QUERY = "index,utilization.gpu,memory.used,memory.total"
@@ -63,6 +64,7 @@ class GpuSampler:
     def __init__(self, every_ms: int = 500) -> None:
         self.every_ms = every_ms
         self.samples: list[Sample] = []
+        self.stamps: list[float] = []  # time.time() at each sample's arrival
         self._proc: subprocess.Popen[str] | None = None
         self._thread: threading.Thread | None = None
 
@@ -90,6 +92,7 @@ class GpuSampler:
             sample = parse_line(line)
             if sample is not None:
                 self.samples.append(sample)
+                self.stamps.append(time.time())
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:
@@ -98,5 +101,14 @@ class GpuSampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def summary(self) -> dict[str, dict[str, float]] | None:
-        return summarise(self.samples) if self.samples else None
+    def summary(
+        self, between: tuple[float, float] | None = None
+    ) -> dict[str, dict[str, float]] | None:
+        """Over the whole phase, or over the samples that arrived within ``between``."""
+        samples = self.samples
+        if between is not None:
+            low, high = between
+            samples = [
+                s for s, t in zip(self.samples, self.stamps, strict=True) if low <= t <= high
+            ]
+        return summarise(samples) if samples else None

@@ -6,24 +6,32 @@ Run by hand on a multi-GPU host (needs prefect and prefect-dask besides torch), 
         --gpus 1/16 2 1 --out results/multi_gpu
 
 The candidate set is the throughput benchmark's (``benchmarks/throughput.py`` writes it, sized,
-as ``candidates.parquet``), so both runs see identical tasks. Each GPU count runs in its own
-process: the ``screen`` stage of ``opsynth run`` (static checks, decontamination, then every
-filter shard submitted at once to a local Dask cluster of one worker per GPU, each worker
-seeing only its GPU and an equal share of the cores, each running its own warm pool), in a
-Prefect flow on Prefect's temporary local server, with an empty compile cache, so both runs
-compile cold. Wall time covers the cluster's and pools' start as well as the filtering.
+as ``candidates.parquet``; with ``--size-only`` it stops there), so all runs see identical
+tasks. Each GPU count runs in its own process: the ``screen`` stage of ``opsynth run`` (static
+checks, decontamination, then every filter shard submitted at once to a local Dask cluster of
+one worker per GPU, each worker seeing only its GPU and an equal share of the cores, each
+running its own warm pool), in a Prefect flow on Prefect's temporary local server, with an
+empty compile cache, so every run compiles cold. Wall time covers the cluster's and pools'
+start as well as the filtering.
 
 A run is ``GPUS`` or ``GPUS/CORES``: ``1/16`` runs one GPU on the first 16 of the host's cores
-(the share each GPU gets in a 2-GPU run on 32 cores), ``1`` one GPU on all of them. Compiling
-is CPU work, so a lone GPU with every core is faster per GPU than one with its share; both
-single-GPU figures show what the second GPU adds and what the extra cores did. Speed-ups are
+(the share each GPU gets in a 2-GPU run on 32 cores), ``1`` one GPU on all of them, so that
+what the second GPU adds can be told apart from what the extra cores add. Speed-ups are
 against the first run. Throughput is given three ways: end to end (wall), between the first
 and the last sandboxed verdict (span), and steady (between the 10th and 90th percentile of the
 candidates' last verdicts, leaving out the pools' ramp-up and the last shards' tail).
 
 Verdicts are compared task by task (final stage and reason). A difference is *borderline* when
 either side's eager median lies within ``--borderline`` (relative) of the runtime window's
-edges, or either side timed out; any other difference is listed as a real mismatch.
+edges, or either side timed out; a *memory edge* when both sides rejected the candidate at one
+stage for different memory limits (``oom`` on the device, ``resource_limit`` on the host: a
+candidate over both is stopped by whichever it reaches first); any other difference is listed
+as a real mismatch.
+
+While each run filters, the run's own cores' busy share (``/proc/stat``) and every GPU's
+utilisation (``nvidia-smi``) are sampled and summarised over its steady window: a steady rate
+that falls short of the GPU count with neither near saturation points at something the GPUs
+share on the host (the driver, the file system) rather than at the CPUs or the GPUs.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -148,21 +157,39 @@ def filter_span_s(rows: list[dict[str, Any]]) -> float | None:
     return (max(times) - min(times)).total_seconds() if len(times) > 1 else None
 
 
-def steady_per_minute(
+def steady_window(
     rows: list[dict[str, Any]], low: float = 0.1, high: float = 0.9
-) -> float | None:
-    """Candidates per minute between the ``low`` and ``high`` quantiles of the candidates'
-    last sandboxed verdicts: the rate once every pool is running and before the last shards
-    leave GPUs idle, both of which a longer run amortises."""
+) -> tuple[int, datetime, datetime] | None:
+    """(candidates, start, end) between the ``low`` and ``high`` quantiles of the candidates'
+    last sandboxed verdicts: once every pool is running and before the last shards leave
+    GPUs idle, both of which a longer run amortises."""
     last: dict[str, datetime] = {}
     for row, at in stamped(rows):
         last[row["task_id"]] = max(at, last.get(row["task_id"], at))
     times = sorted(last.values())
     first, final = int(low * len(times)), int(high * len(times)) - 1
-    if final <= first:
+    if final <= first or times[final] <= times[first]:
         return None
-    seconds = (times[final] - times[first]).total_seconds()
-    return round((final - first) / seconds * 60, 1) if seconds > 0 else None
+    return final - first, times[first], times[final]
+
+
+def steady_per_minute(
+    rows: list[dict[str, Any]], low: float = 0.1, high: float = 0.9
+) -> float | None:
+    """Candidates per minute within ``steady_window``."""
+    window = steady_window(rows, low, high)
+    if window is None:
+        return None
+    count, start, end = window
+    return round(count / (end - start).total_seconds() * 60, 1)
+
+
+def usage_within(rows: list[dict[str, Any]], cpu: Any, gpu: Any) -> dict[str, Any]:
+    """The run's cores' busy share and each GPU's utilisation within its steady window (the
+    whole run where there is none): whether the CPUs or the GPUs bound the steady rate."""
+    window = steady_window(rows)
+    between = None if window is None else (window[1].timestamp(), window[2].timestamp())
+    return {"cpu": cpu.summary(between), "gpu": gpu.summary(between)}
 
 
 def phases(
@@ -208,6 +235,12 @@ def parse_run(text: str) -> tuple[int, int]:
     return parsed
 
 
+# Reasons for a candidate stopped by a memory limit: the device's (``oom``) or the host's
+# (``resource_limit``: resident memory). A candidate that needs more than both allow is stopped
+# by whichever it reaches first, which can differ from run to run.
+MEMORY_LIMITS = frozenset({"oom", "resource_limit"})
+
+
 def borderline(a: dict[str, Any], b: dict[str, Any], window: tuple[float, float], rel: float):
     if "timeout" in (a["reason"], b["reason"]):
         return True
@@ -218,20 +251,29 @@ def borderline(a: dict[str, Any], b: dict[str, Any], window: tuple[float, float]
     return False
 
 
+def memory_edge(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Both runs rejected the candidate for a memory limit, at the same stage."""
+    return a["stage"] == b["stage"] and {a["reason"], b["reason"]} <= MEMORY_LIMITS
+
+
 def compare(
     base: dict[str, dict[str, Any]],
     other: dict[str, dict[str, Any]],
     window: tuple[float, float],
     rel: float,
 ) -> dict[str, Any]:
+    """Final verdicts task by task. A difference is borderline (the runtime window's edges, a
+    timeout), a memory edge (rejected by both, for different memory limits) or a mismatch."""
     differ = [k for k in base if (base[k]["stage"], base[k]["reason"]) != _key(other.get(k))]
     edge = [k for k in differ if k in other and borderline(base[k], other[k], window, rel)]
-    real = [k for k in differ if k not in edge]
+    memory = [k for k in differ if k in other and k not in edge and memory_edge(base[k], other[k])]
+    real = [k for k in differ if k not in edge and k not in memory]
     rows = [{"task_id": k, "base": base[k], "other": other.get(k)} for k in differ]
     return {
         "tasks": len(base),
         "identical": len(base) - len(differ),
         "borderline": edge,
+        "memory_edge": memory,
         "mismatch": real,
         "differences": rows,
     }
@@ -290,6 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.one:
         one_run(args)
         return {}
+    from benchmarks.cpu_usage import CpuSampler
+    from benchmarks.gpu_usage import GpuSampler
     from benchmarks.throughput import device_init
     from opsynth.store import read_table
 
@@ -304,14 +348,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         command += _passthrough(args)
         label = run_label(count, share)
         print(f"{label} ...", flush=True)
+        shutil.rmtree(args.out / label, ignore_errors=True)  # an earlier run's rows would mix in
         allowed = set(cores[:share] if share else cores)
-        done = subprocess.run(
-            command,
-            env=env,
-            capture_output=True,
-            text=True,
-            preexec_fn=lambda allowed=allowed: os.sched_setaffinity(0, allowed),
-        )
+        with CpuSampler(cpus=allowed) as cpu, GpuSampler() as gpu:
+            done = subprocess.run(
+                command,
+                env=env,
+                capture_output=True,
+                text=True,
+                preexec_fn=lambda allowed=allowed: os.sched_setaffinity(0, allowed),
+            )
         if done.returncode:
             sys.exit(f"{label} run failed:\n{done.stderr[-4000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -320,6 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["per_minute"] = round(result["tasks"] / result["wall_s"] * 60, 1)
         result["filter_span_s"] = filter_span_s(rows)
         result["steady_per_minute"] = steady_per_minute(rows)
+        result["usage"] = usage_within(rows, cpu, gpu)
         result["device_init"] = device_init(rows)
         result["phases"] = phases(result.pop("marks"), result["pools"], rows)
         runs.append(result)
@@ -358,6 +405,7 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
                 "kept": sum(1 for v in r["final"].values() if v["reason"] == "ok"),
                 "verdicts_vs_first": compare(base["final"], r["final"], window, args.borderline),
                 "device_init": r["device_init"],
+                "usage": r["usage"],
                 "phases": r["phases"],
                 "pools": [_pool_summary(p) for p in r["pools"]],
             }
@@ -396,12 +444,22 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def _usage(usage: dict[str, Any] | None) -> str:
+    cpu = (usage or {}).get("cpu") or {}
+    gpus = (usage or {}).get("gpu") or {}
+    busy = cpu.get("busy_mean_pct", "n/a")
+    per_gpu = ", ".join(f"{g}: {v['utilization_mean_pct']}" for g, v in sorted(gpus.items()))
+    return f"{busy}; {per_gpu or 'n/a'}"
+
+
 def table(summary: dict[str, Any]) -> str:
     lines = [
         "| GPUs | cores | wall s | candidates/min | speed-up | filter span s | span speed-up "
         "| steady candidates/min | steady speed-up | kept | identical verdicts | borderline "
-        "| mismatches | CUDA contexts: created; creation median s; candidates' wait total s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| memory edge | mismatches "
+        "| CUDA contexts: created; creation median s; candidates' wait total s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     for r in summary["runs"]:
         c = r["verdicts_vs_first"]
@@ -416,14 +474,15 @@ def table(summary: dict[str, Any]) -> str:
             f"| {r['gpus']} | {r['cores']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x "
             f"| {r['filter_span_s']} | {r['filter_span_speedup']}x | {r['steady_per_minute']} "
             f"| {r['steady_speedup']}x | {r['kept']} | {c['identical']}/{c['tasks']} "
-            f"| {len(c['borderline'])} | {len(c['mismatch'])} | {context} |"
+            f"| {len(c['borderline'])} | {len(c['memory_edge'])} | {len(c['mismatch'])} "
+            f"| {context} |"
         )
     lines += [
         "",
         "| GPUs | cores | flow running s | prefilter done s | pools ready s | first verdict s "
         "| last verdict s | flow done s | per pool: candidates, reused processes, "
-        "audit-baseline wait s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "audit-baseline wait s | steady window: cores busy mean %; GPU utilisation mean % |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in summary["runs"]:
         p = r["phases"]
@@ -434,7 +493,7 @@ def table(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {r['gpus']} | {r['cores']} | {p['flow_running_s']} | {p['prefilter_done_s']} "
             f"| {', '.join(map(str, p['pools_ready_s']))} | {p['first_verdict_s']} "
-            f"| {p['last_verdict_s']} | {p['flow_done_s']} | {pools} |"
+            f"| {p['last_verdict_s']} | {p['flow_done_s']} | {pools} | {_usage(r.get('usage'))} |"
         )
     return "\n".join(lines)
 

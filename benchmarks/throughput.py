@@ -17,7 +17,8 @@ median of ``--noise`` tasks measured while the pool's other workers compiled, ag
 tasks measured alone (one worker, twice: the second pair is the noise floor). The pool's
 compile cache starts empty too (``--warm-cache`` uses the shared one), so both sides compile
 cold. Prints a markdown table and writes ``throughput.json``, the verdicts and the sized candidate
-set (``candidates.parquet``, which ``benchmarks/multi_gpu.py`` takes) to ``--out``.
+set (``candidates.parquet``, which ``benchmarks/multi_gpu.py`` takes) to ``--out``;
+``--size-only`` writes that set and stops.
 """
 
 from __future__ import annotations
@@ -236,6 +237,13 @@ def relative_spread(a: dict[str, float], b: dict[str, float]) -> float | None:
 # ------------------------------------------------------------------------ the three runs
 
 
+def filtering_order(tasks: list[Task], seed: int) -> list[Task]:
+    """Seeded shuffle, so that the noise tasks land among compiling ones."""
+    ordered = list(tasks)
+    random.Random(seed).shuffle(ordered)
+    return ordered
+
+
 def pool_run(
     tasks: list[Task],
     composed: list[Task],
@@ -254,9 +262,7 @@ def pool_run(
         sized = size(pool, composed, cfg, device, sizing) if composed else []
         size_s = time.perf_counter() - started
         sizing_retry_s = float(pool.stats.get("retried_alone_s") or 0.0)
-        everything = tasks + sized
-        if shuffle:
-            random.Random(seed).shuffle(everything)  # noise tasks land among compiling ones
+        everything = filtering_order(tasks + sized, seed) if shuffle else tasks + sized
         filter_start = time.perf_counter()
         with GpuSampler() as gpu, CpuSampler() as cpu:
             result = audit_tasks(everything, cfg, device, progress=_every(25), pool=pool)
@@ -569,6 +575,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="spares prepare the state audit's baseline while they wait "
         "(filters.prepare_audit_ahead)",
     )
+    parser.add_argument(
+        "--size-only",
+        action="store_true",
+        help="write the sized candidate set (candidates.parquet) and stop: no filtering, "
+        "noise or naive runs",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("throughput"))
     return parser.parse_args(argv)
@@ -598,6 +610,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fixed, composed, counts = candidate_set(args)
     log(f"{len(fixed)} fixed + {len(composed)} composed candidates on {device}")
     sizing = SizingConfig(max_device_gib=args.max_device_gib)
+    if args.size_only:  # the set multi_gpu.py takes, without spending device time filtering it
+        with WorkerPool(cfg, device) as pool:
+            resized = size(pool, composed, cfg, device, sizing) if composed else []
+        sized = fixed + resized if args.tasks else filtering_order(fixed + resized, args.seed)
+        write_tasks(sized, args.out / "candidates.parquet")
+        log(f"{len(sized)} sized candidates written to {args.out / 'candidates.parquet'}")
+        return {"counts": counts, "candidates": len(sized)}
     pool = pool_run(fixed, composed, cfg, device, args.seed, sizing, shuffle=not args.tasks)
     log(f"pool: {len(pool['tasks'])} candidates in {pool['filter_s']:.0f} s")
     # written now: a time limit hit in the noise or naive part does not lose the pool's run

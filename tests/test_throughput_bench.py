@@ -136,16 +136,17 @@ def test_memory_sampler_sees_a_child() -> None:
 def test_multi_gpu_comparison_separates_borderline_from_mismatch() -> None:
     from benchmarks.multi_gpu import compare, final_rows
 
-    def rows(reasons: dict[str, tuple[str, float | None]]) -> list[dict]:
+    def rows(reasons: dict[str, tuple[str, float | None]], stage: str = "runtime") -> list[dict]:
         out = []
         for task, (reason, ms) in reasons.items():
             measures = {"eager_ms_median": ms} if ms is not None else {}
-            out.append(
-                {"task_id": task, "stage": "runtime", "reason": reason, "measures": measures}
-            )
+            out.append({"task_id": task, "stage": stage, "reason": reason, "measures": measures})
         return out
 
-    one = final_rows(rows({"a": ("ok", 5.0), "b": ("ok", 1.02), "c": ("ok", 50.0), "d": ("ok", 9)}))
+    one = final_rows(
+        rows({"a": ("ok", 5.0), "b": ("ok", 1.02), "c": ("ok", 50.0), "d": ("ok", 9)})
+        + rows({"e": ("oom", None), "f": ("oom", None)}, stage="eager")
+    )
     two = final_rows(
         rows(
             {
@@ -155,11 +156,13 @@ def test_multi_gpu_comparison_separates_borderline_from_mismatch() -> None:
                 "d": ("timeout", None),
             }
         )
+        + rows({"e": ("resource_limit", None), "f": ("crashed", None)}, stage="eager")
     )
     result = compare(one, two, (1.0, 100.0), 0.1)
     assert result["identical"] == 1
     assert sorted(result["borderline"]) == ["b", "d"]  # near the 1 ms edge; a timeout
-    assert result["mismatch"] == ["c"]  # 50 ms vs 0.5 ms is no borderline case
+    assert result["memory_edge"] == ["e"]  # over the device's and the host's memory limits
+    assert result["mismatch"] == ["c", "f"]  # 50 ms vs 0.5 ms; a crash is no memory limit
 
 
 def test_filter_span_counts_sandboxed_stages_only() -> None:
@@ -196,6 +199,118 @@ def test_steady_rate_leaves_out_ramp_up_and_tail() -> None:
     # 0.2 .. 0.8 -> 3rd (40 s) .. 8th (45 s): 5 candidates in 5 s
     assert steady_per_minute(rows, 0.2, 0.8) == 60.0
     assert steady_per_minute(rows[:12]) is None  # too few candidates for a rate
+
+
+def test_usage_is_summarised_over_the_steady_window_only() -> None:
+    """The samplers' readings are stamped; only those inside the steady window (here 30 s ..
+    100 s past the minute) count, so the pools' idle start does not dilute the busy share."""
+    from datetime import UTC, datetime
+
+    from benchmarks.cpu_usage import CpuSampler
+    from benchmarks.gpu_usage import GpuSampler, Sample
+    from benchmarks.multi_gpu import steady_window, usage_within
+
+    start = datetime(2026, 11, 30, 0, 0, 0, tzinfo=UTC).timestamp()
+
+    def row(task: str, second: int) -> dict:
+        minute, sec = divmod(second, 60)
+        return {
+            "task_id": task,
+            "stage": "runtime",
+            "created_at": f"2026-11-30T00:{minute:02}:{sec:02}+00:00",
+        }
+
+    finish = [0, 30, 40, 41, 42, 43, 44, 45, 100, 200]
+    rows = [row(f"t{i}", at) for i, at in enumerate(finish)]
+    count, low, high = steady_window(rows)
+    assert (count, low.timestamp() - start, high.timestamp() - start) == (7, 30.0, 100.0)
+
+    cpu, gpu = CpuSampler(), GpuSampler()
+    for second, share in ((5, 0.0), (50, 0.8), (90, 0.6), (150, 0.0)):
+        cpu.shares.append(share)
+        cpu.stamps.append(start + second)
+        gpu.samples.append(Sample(0, share * 100, 1000.0, 143771.0))
+        gpu.stamps.append(start + second)
+    usage = usage_within(rows, cpu, gpu)
+    assert usage["cpu"]["samples"] == 2 and usage["cpu"]["busy_mean_pct"] == 70.0
+    assert usage["gpu"]["0"]["utilization_mean_pct"] == 70.0
+    assert usage_within(rows[:1], cpu, gpu)["cpu"]["samples"] == 4  # no window: the whole run
+
+
+def test_cpu_busy_share_of_a_core_set(tmp_path: Path) -> None:
+    """A run pinned to some cores is judged by those cores' lines of /proc/stat alone."""
+    import subprocess
+
+    from benchmarks import cpu_usage
+
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  600 0 0 1400 0 0 0 0 0 0\n"
+        "cpu0 500 0 0 500 0 0 0 0 0 0\n"
+        "cpu1 100 0 0 900 0 0 0 0 0 0\n"
+        "intr 1 2 3\n"
+    )
+    assert cpu_usage.read_times(str(stat)) == (600, 2000)
+    assert cpu_usage.read_times(str(stat), frozenset({1})) == (100, 1000)
+    assert cpu_usage.read_times(str(stat), frozenset({0, 1})) == (600, 2000)
+    assert cpu_usage.read_times(str(stat), frozenset({7})) is None
+
+    core = max(os.sched_getaffinity(0))
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"],
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+    )
+    try:
+        time.sleep(0.3)
+        with cpu_usage.CpuSampler(every_s=0.2, cpus=[core]) as sampler:
+            time.sleep(1.0)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert sampler.overall is not None and sampler.overall >= 0.5  # the spinning core
+
+
+def test_size_only_writes_the_sized_set_in_filtering_order(tmp_path: Path) -> None:
+    """``--size-only`` sizes the composed candidates on a warm pool and writes the whole set,
+    seeded-shuffled as a full run would filter it, without filtering: the set a multi-GPU run
+    then takes."""
+    from benchmarks.throughput import candidate_set, filtering_order, main
+    from opsynth.store import read_tasks
+
+    shared = Path(__file__).resolve().parents[2] / "shared"
+    out = tmp_path / "out"
+    argv = [
+        "--kernelbench",
+        str(shared / "kernelbench" / "kernelbench.jsonl"),
+        "--kb-limit",
+        "2",
+        "--ops6k",
+        str(shared / "ops6k" / "cuda_agent_ops_6k.parquet"),
+        "--ops6k-n",
+        "2",
+        "--composed",
+        "3",
+        "--device",
+        "cpu",
+        "--workers",
+        "2",
+        "--size-only",
+        "--out",
+        str(out),
+    ]
+    result = main(argv)
+    written = read_tasks(out / "candidates.parquet")
+    assert result["candidates"] == len(written) == 7
+    assert not (out / "pool-verdicts.parquet").exists()  # nothing was filtered
+    sized = [t for t in written if "sizing" in t.meta]
+    assert len(sized) == 3 and all(t.data_source.startswith("torch") for t in sized)
+    # undo the seeded shuffle (it depends on the length alone): the fixed tasks come first, in
+    # the order the candidate set lists them, then the sized ones
+    moved = filtering_order(list(range(len(written))), seed=0)
+    unshuffled = [written[moved.index(i)] for i in range(len(written))]
+    fixed, _, _ = candidate_set(parse_args(argv[:-2] + ["--composed", "0"]))
+    assert [t.id for t in unshuffled[:4]] == [t.id for t in fixed]
+    assert all("sizing" in t.meta for t in unshuffled[4:])
 
 
 def test_multi_gpu_phases_line_up_marks_pools_and_verdicts() -> None:
