@@ -267,7 +267,7 @@ class WorkerPool:
 
     def _start(self) -> None:
         self._root = tempfile.mkdtemp(prefix="opsynth-pool-")
-        self.stats["started_at"] = round(time.time(), 3)
+        self.stats["started_at"] = time.time()  # unrounded: compared with other clocks
         began = time.monotonic()
         try:
             self._paths_cache = self.cfg.cache_dir or default_cache_dir()
