@@ -50,16 +50,24 @@ def summarise(shares: list[float], busy_above: float = 0.9) -> dict[str, float] 
     }
 
 
-def read_times(path: str = "/proc/stat", cpus: frozenset[int] | None = None):
+def read_times(
+    path: str = "/proc/stat", cpus: frozenset[int] | None = None
+) -> tuple[int, int] | None:
     """(busy, total) over all cores, or summed over the cores ``cpus`` (a run pinned to a
     share of the host is judged by its own cores, not diluted by the idle rest)."""
     names = {"cpu"} if cpus is None else {f"cpu{i}" for i in cpus}
+    found: list[tuple[int, int]] = []
     try:
         with open(path) as fh:
-            lines = [line for line in fh if line.split(maxsplit=1)[:1] and line.split()[0] in names]
+            for line in fh:
+                name = line.split(maxsplit=1)[0] if line.strip() else ""
+                if not name.startswith("cpu"):
+                    break  # the cpu lines come first; the rest (intr, ...) is long
+                times = cpu_times(line, name) if name in names else None
+                if times is not None:
+                    found.append(times)
     except OSError:
         return None
-    found = [t for t in (cpu_times(line, line.split()[0]) for line in lines) if t]
     if not found:
         return None
     return sum(b for b, _ in found), sum(t for _, t in found)
