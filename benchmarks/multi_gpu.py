@@ -46,7 +46,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,7 +59,7 @@ def one_run(args: argparse.Namespace) -> None:
     """The screen stage over the candidate set on ``--one`` GPUs; prints one JSON line."""
     from flows.prefect_env import configure_prefect
 
-    out = args.out / run_label(args.one, args.one_cores)
+    out = args.out / run_label(args.one, args.one_cores, args.copy)
     configure_prefect(out / ".prefect")
     from prefect import flow
 
@@ -69,6 +69,8 @@ def one_run(args: argparse.Namespace) -> None:
     from opsynth.store import RunDir, read_tasks, write_verdicts
 
     tasks = read_tasks(args.candidates)
+    if args.copy:  # side-by-side copies start at different points of the set (``rotated``)
+        tasks = rotated(tasks, args.copy, args.copies)
     cache = tempfile.mkdtemp(prefix="compile-cache-", dir=out)
     cfg = RunConfig().with_section(
         "filters",
@@ -184,11 +186,14 @@ def steady_per_minute(
     return round(count / (end - start).total_seconds() * 60, 1)
 
 
-def usage_within(rows: list[dict[str, Any]], cpu: Any, gpu: Any) -> dict[str, Any]:
-    """The run's cores' busy share and each GPU's utilisation within its steady window (the
-    whole run where there is none): whether the CPUs or the GPUs bound the steady rate."""
-    window = steady_window(rows)
-    between = None if window is None else (window[1].timestamp(), window[2].timestamp())
+def usage_within(row_sets: list[list[dict[str, Any]]], cpu: Any, gpu: Any) -> dict[str, Any]:
+    """The run's cores' busy share and each GPU's utilisation within its steady window (from
+    the earliest to the latest of its copies' windows; the whole run where there is none):
+    whether the CPUs or the GPUs bound the steady rate."""
+    windows = [w for w in map(steady_window, row_sets) if w is not None]
+    between = None
+    if windows:
+        between = (min(w[1] for w in windows).timestamp(), max(w[2] for w in windows).timestamp())
     return {"cpu": cpu.summary(between), "gpu": gpu.summary(between)}
 
 
@@ -196,8 +201,9 @@ def phases(
     marks: dict[str, float], pools: list[dict[str, Any]], rows: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Seconds from the run's start to each milestone: the flow running (Prefect's server and
-    the cluster up), the prefilter's last row, each worker's pool ready, the first and last
-    sandboxed verdict, the flow done. Verdict times are whole seconds."""
+    the cluster up), the prefilter's last row, each worker's pool ready and done with its last
+    candidate (a pool done well before the others had nothing left to take), the first and
+    last sandboxed verdict, the flow done. Verdict times are whole seconds."""
     start = marks["started_at"]
 
     def at(stages: Any, pick: Any) -> float | None:
@@ -209,30 +215,61 @@ def phases(
         for p in pools
         if p.get("started_at") is not None and p.get("start_s") is not None
     ]
+    done = [round(p["last_result_at"] - start, 1) for p in pools if p.get("last_result_at")]
     return {
         "flow_running_s": round(marks["flow_started_at"] - start, 1),
         "prefilter_done_s": at(("static", "decontam"), max),
         "pools_ready_s": ready,
+        "pools_done_s": done,
         "first_verdict_s": at(None, min),
         "last_verdict_s": at(None, max),
         "flow_done_s": round(marks["screened_at"] - start, 1),
     }
 
 
-def run_label(gpus: int, cores: int) -> str:
-    return f"gpus-{gpus}" + (f"-cores-{cores}" if cores else "")
+class RunSpec(NamedTuple):
+    """``gpus`` GPUs on ``cores`` cores (0 = the host's share), ``copies`` times side by side."""
+
+    gpus: int
+    cores: int
+    copies: int = 1
 
 
-def parse_run(text: str) -> tuple[int, int]:
-    """``GPUS`` or ``GPUS/CORES`` -> (gpus, cores; 0 = all of the host's)."""
-    gpus, _, cores = text.partition("/")
+def run_label(gpus: int, cores: int, copy: int | None = None) -> str:
+    """A run's folder; ``copy`` numbers the copies of a side-by-side run."""
+    label = f"gpus-{gpus}" + (f"-cores-{cores}" if cores else "")
+    return label if copy is None else f"{label}-copy-{copy}"
+
+
+def parse_run(text: str) -> RunSpec:
+    """``GPUS``, ``GPUS/CORES`` or ``COPIESxGPUS[/CORES]`` (cores 0 or left out = all of the
+    host's, split between the copies)."""
+    copies, _, rest = text.rpartition("x")
+    gpus, _, cores = rest.partition("/")
     try:
-        parsed = int(gpus), int(cores or 0)
+        parsed = RunSpec(int(gpus), int(cores or 0), int(copies or 1))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected GPUS or GPUS/CORES") from None
-    if parsed[0] < 1 or parsed[1] < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: GPUs must be >= 1 and cores >= 0")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected GPUS, GPUS/CORES or COPIESxGPUS/CORES"
+        ) from None
+    if parsed.gpus < 1 or parsed.cores < 0 or parsed.copies < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: GPUs and copies must be >= 1, cores >= 0")
     return parsed
+
+
+def copy_slices(spec: RunSpec, cores: list[int]) -> list[tuple[list[int], list[int]]]:
+    """(cores, GPU indices) of each copy of ``spec``: disjoint slices of the host's cores and
+    GPUs, so side-by-side copies share nothing the benchmark hands out. Pure."""
+    share = spec.cores or len(cores) // spec.copies
+    if share * spec.copies > len(cores) or share < 1:
+        raise ValueError(
+            f"{spec.copies}x{spec.gpus}/{spec.cores}: needs {share * spec.copies} cores, "
+            f"this process may use {len(cores)}"
+        )
+    return [
+        (cores[i * share : (i + 1) * share], list(range(i * spec.gpus, (i + 1) * spec.gpus)))
+        for i in range(spec.copies)
+    ]
 
 
 # Reasons for a candidate stopped by a memory limit: the device's (``oom``) or the host's
@@ -296,7 +333,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=parse_run,
         nargs="+",
         default=[(1, 0), (2, 0)],
-        help="runs, in order: GPUS or GPUS/CORES (CORES of the host's; default all)",
+        help="runs, in order: GPUS or GPUS/CORES (CORES of the host's; default all); "
+        "COPIESxGPUS/CORES runs COPIES independent copies of that run side by side, each on "
+        "its own GPUs and cores: what the host allows with nothing shared between the GPUs",
     )
     parser.add_argument("--shard-size", type=int, default=16, help="candidates per Dask task")
     parser.add_argument(
@@ -323,6 +362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("multi_gpu"))
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--one-cores", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--copy", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--copies", type=int, default=1, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -334,47 +375,116 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     from benchmarks.cpu_usage import CpuSampler
     from benchmarks.gpu_usage import GpuSampler
-    from benchmarks.throughput import device_init
-    from opsynth.store import read_table
 
     runs = []
     cores = sorted(os.sched_getaffinity(0))
-    for count, share in args.gpus:
-        if share > len(cores):
-            sys.exit(f"{count}/{share}: this host lets this process use {len(cores)} cores")
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(count))}
-        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-        command = [sys.executable, __file__, "--one", str(count), "--one-cores", str(share)]
-        command += _passthrough(args)
-        label = run_label(count, share)
-        print(f"{label} ...", flush=True)
-        shutil.rmtree(args.out / label, ignore_errors=True)  # an earlier run's rows would mix in
-        allowed = set(cores[:share] if share else cores)
+    for spec in args.gpus:
+        try:
+            slices = copy_slices(spec, cores)
+        except ValueError as exc:
+            sys.exit(str(exc))
+        print(f"{spec.copies}x{run_label(spec.gpus, spec.cores)} ...", flush=True)
+        allowed = {c for own, _ in slices for c in own}
         with CpuSampler(cpus=allowed) as cpu, GpuSampler() as gpu:
-            done = subprocess.run(
-                command,
-                env=env,
-                capture_output=True,
-                text=True,
-                preexec_fn=lambda allowed=allowed: os.sched_setaffinity(0, allowed),
-            )
-        if done.returncode:
-            sys.exit(f"{label} run failed:\n{done.stderr[-4000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        rows = read_table(args.out / label / "verdicts.parquet").to_pylist()
-        result["final"] = final_rows(rows)
-        result["per_minute"] = round(result["tasks"] / result["wall_s"] * 60, 1)
-        result["filter_span_s"] = filter_span_s(rows)
-        result["steady_per_minute"] = steady_per_minute(rows)
-        result["usage"] = usage_within(rows, cpu, gpu)
-        result["device_init"] = device_init(rows)
-        result["phases"] = phases(result.pop("marks"), result["pools"], rows)
-        runs.append(result)
-        print(f"  {result['wall_s']:.0f} s, {result['per_minute']}/min", flush=True)
+            copies = run_copies(args, spec, slices)
+        runs.append(combine(spec, copies, cpu, gpu))
+        print(f"  {runs[-1]['wall_s']:.0f} s, {runs[-1]['per_minute']}/min", flush=True)
         summary = summarise(args, runs)
         (args.out / "multi_gpu.json").write_text(json.dumps(summary, indent=2))
     print(table(summary))
     return summary
+
+
+def rotated(items: list[Any], copy: int, copies: int) -> list[Any]:
+    """``items`` started ``copy``/``copies`` of the way in and wrapped around: side-by-side
+    copies of a run then meet the set's heaviest candidates (the GPU- and host-memory-hungry
+    ones, the slow compiles) at different times instead of all at once, as shards of one run
+    spread over GPUs do. Pure."""
+    start = copy * len(items) // copies if copies else 0
+    return items[start:] + items[:start]
+
+
+def run_copies(
+    args: argparse.Namespace, spec: RunSpec, slices: list[tuple[list[int], list[int]]]
+) -> list[dict[str, Any]]:
+    """Each copy of ``spec`` in its own process, all at once, each on its slice of the cores
+    and GPUs; each result with its verdict rows."""
+    from opsynth.store import read_table
+
+    side_by_side = spec.copies > 1
+    started = []
+    for i, (own, gpus) in enumerate(slices):
+        copy = i if side_by_side else None
+        label = run_label(spec.gpus, spec.cores, copy)
+        shutil.rmtree(args.out / label, ignore_errors=True)  # an earlier run's rows would mix in
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        command = [sys.executable, __file__, "--one", str(spec.gpus)]
+        command += ["--one-cores", str(spec.cores), *_passthrough(args)]
+        command += ["--copy", str(i), "--copies", str(spec.copies)] if side_by_side else []
+        started.append(
+            (
+                label,
+                subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    preexec_fn=lambda own=own: os.sched_setaffinity(0, own),
+                ),
+            )
+        )
+    results = []
+    for label, proc in started:
+        stdout, stderr = proc.communicate()
+        if proc.returncode:
+            sys.exit(f"{label} run failed:\n{stderr[-4000:]}")
+        result = json.loads(stdout.strip().splitlines()[-1])
+        result["rows"] = read_table(args.out / label / "verdicts.parquet").to_pylist()
+        results.append(result)
+    return results
+
+
+def combine(spec: RunSpec, copies: list[dict[str, Any]], cpu: Any, gpu: Any) -> dict[str, Any]:
+    """One run's figures from its copies (one, or several side by side on the same candidate
+    set): rates add up, times are the slowest copy's."""
+    from benchmarks.throughput import device_init
+
+    rows = [row for c in copies for row in c["rows"]]
+    steady = [steady_per_minute(c["rows"]) for c in copies]
+    spans = [filter_span_s(c["rows"]) for c in copies]
+    first = min(copies, key=lambda c: c["marks"]["started_at"])
+    wall = max(c["wall_s"] for c in copies)
+    return {
+        "gpus": spec.gpus,
+        "copies": spec.copies,
+        "cores": sum(c["cores"] for c in copies),
+        "tasks": first["tasks"],
+        "wall_s": wall,
+        "per_minute": round(sum(c["tasks"] for c in copies) / wall * 60, 1),
+        "filter_span_s": max(spans) if None not in spans else None,
+        "steady_per_minute": round(sum(steady), 1) if None not in steady else None,
+        "finals": [final_rows(c["rows"]) for c in copies],
+        "usage": usage_within([c["rows"] for c in copies], cpu, gpu),
+        "device_init": device_init(rows),
+        "phases": phases(first["marks"], [p for c in copies for p in c["pools"]], rows),
+        "pools": [p for c in copies for p in c["pools"]],
+    }
+
+
+def compare_copies(
+    base: dict[str, dict[str, Any]],
+    finals: list[dict[str, dict[str, Any]]],
+    window: tuple[float, float],
+    rel: float,
+) -> dict[str, Any]:
+    """``compare`` of every copy's verdicts against ``base``, added up."""
+    total: dict[str, Any] = {}
+    for final in finals:
+        for key, value in compare(base, final, window, rel).items():
+            total[key] = total.get(key, 0 if isinstance(value, int) else []) + value
+    return total
 
 
 def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -394,16 +504,22 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
         "runs": [
             {
                 "gpus": r["gpus"],
+                "copies": r["copies"],
                 "cores": r["cores"],
                 "wall_s": round(r["wall_s"], 1),
                 "per_minute": r["per_minute"],
-                "speedup": round(base["wall_s"] / r["wall_s"], 2),
+                "speedup": _ratio(base["wall_s"] * r["copies"], r["wall_s"] * base["copies"]),
                 "filter_span_s": r["filter_span_s"],
-                "filter_span_speedup": _ratio(base["filter_span_s"], r["filter_span_s"]),
+                "filter_span_speedup": _ratio(
+                    (base["filter_span_s"] or 0) * r["copies"],
+                    (r["filter_span_s"] or 0) * base["copies"],
+                ),
                 "steady_per_minute": r["steady_per_minute"],
                 "steady_speedup": _ratio(r["steady_per_minute"], base["steady_per_minute"]),
-                "kept": sum(1 for v in r["final"].values() if v["reason"] == "ok"),
-                "verdicts_vs_first": compare(base["final"], r["final"], window, args.borderline),
+                "kept": [sum(v["reason"] == "ok" for v in f.values()) for f in r["finals"]],
+                "verdicts_vs_first": compare_copies(
+                    base["finals"][0], r["finals"], window, args.borderline
+                ),
                 "device_init": r["device_init"],
                 "usage": r["usage"],
                 "phases": r["phases"],
@@ -416,7 +532,7 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
 
 def _pool_summary(stats: dict[str, Any]) -> dict[str, Any]:
     keys = ("workers", "start_s", "candidates", "child_prestarted", "child_reused")
-    keys += ("audit_prepare_s", "audit_prepared_ahead")
+    keys += ("audit_prepare_s", "audit_prepared_ahead", "first_result_at", "last_result_at")
     return {**{k: stats.get(k) for k in keys}, "child_retired": stats.get("child_retired")}
 
 
@@ -452,6 +568,11 @@ def _usage(usage: dict[str, Any] | None) -> str:
     return f"{busy}; {per_gpu or 'n/a'}"
 
 
+def _gpus(run: dict[str, Any]) -> str:
+    copies = run.get("copies", 1)
+    return f"{copies} x {run['gpus']} side by side" if copies > 1 else str(run["gpus"])
+
+
 def table(summary: dict[str, Any]) -> str:
     lines = [
         "| GPUs | cores | wall s | candidates/min | speed-up | filter span s | span speed-up "
@@ -471,18 +592,20 @@ def table(summary: dict[str, Any]) -> str:
             else "n/a"
         )
         lines.append(
-            f"| {r['gpus']} | {r['cores']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x "
+            f"| {_gpus(r)} | {r['cores']} | {r['wall_s']} | {r['per_minute']} | {r['speedup']}x "
             f"| {r['filter_span_s']} | {r['filter_span_speedup']}x | {r['steady_per_minute']} "
-            f"| {r['steady_speedup']}x | {r['kept']} | {c['identical']}/{c['tasks']} "
+            f"| {r['steady_speedup']}x | {' + '.join(map(str, r['kept']))} "
+            f"| {c['identical']}/{c['tasks']} "
             f"| {len(c['borderline'])} | {len(c['memory_edge'])} | {len(c['mismatch'])} "
             f"| {context} |"
         )
     lines += [
         "",
-        "| GPUs | cores | flow running s | prefilter done s | pools ready s | first verdict s "
-        "| last verdict s | flow done s | per pool: candidates, reused processes, "
-        "audit-baseline wait s | steady window: cores busy mean %; GPU utilisation mean % |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| GPUs | cores | flow running s | prefilter done s | pools ready s | pools done s "
+        "| first verdict s | last verdict s | flow done s | per pool: candidates, reused "
+        "processes, audit-baseline wait s | steady window: cores busy mean %; GPU utilisation "
+        "mean % |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in summary["runs"]:
         p = r["phases"]
@@ -491,8 +614,9 @@ def table(summary: dict[str, Any]) -> str:
             for x in r["pools"]
         )
         lines.append(
-            f"| {r['gpus']} | {r['cores']} | {p['flow_running_s']} | {p['prefilter_done_s']} "
-            f"| {', '.join(map(str, p['pools_ready_s']))} | {p['first_verdict_s']} "
+            f"| {_gpus(r)} | {r['cores']} | {p['flow_running_s']} | {p['prefilter_done_s']} "
+            f"| {', '.join(map(str, p['pools_ready_s']))} "
+            f"| {', '.join(map(str, p.get('pools_done_s', [])))} | {p['first_verdict_s']} "
             f"| {p['last_verdict_s']} | {p['flow_done_s']} | {pools} | {_usage(r.get('usage'))} |"
         )
     return "\n".join(lines)

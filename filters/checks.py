@@ -642,13 +642,18 @@ def draw_inputs(get_inputs: Any, device: torch.device, seed: int) -> Any:
     inputs of up to a few GB, which the CPU's generator needs ~10 s per draw to fill, and the
     GPU's fills in milliseconds. The values differ from a CPU draw of the same seed but not in
     distribution, and nothing compares draws across devices. A ``get_inputs()`` that cannot run
-    that way (a CPU generator object, say) is drawn again on the CPU, as written."""
+    that way (a CPU generator object, say) is drawn again on the CPU, as written. A draw that
+    runs out of device memory is not drawn again: its CPU draw would hold other values, and a
+    verdict on values (``indistinguishable``, say) would then depend on how full the shared
+    device was at that moment; the ``oom`` it raises is retried alone (``retry_alone``)."""
     if device.type != "cuda":
         return get_inputs()
     try:
         with torch.device(device):
             return get_inputs()
-    except Exception:
+    except Exception as exc:
+        if classify(exc, "") == "oom":
+            raise
         _seed(seed)
         return get_inputs()
 

@@ -215,6 +215,10 @@ class WorkerPool:
             "start_s": None,
             "workers_replaced": 0,
             "candidates": 0,
+            # When the first and the latest candidate finished (epoch seconds): with several
+            # pools on one run, whether one ran on after the others had nothing left.
+            "first_result_at": None,
+            "last_result_at": None,
             "retried_alone": 0,
             "retried_alone_s": 0.0,
             # How each candidate's process was started (filters.worker, ``last_child``).
@@ -742,6 +746,10 @@ class WorkerPool:
         task_id, ticket = worker.task.id, worker.ticket
         worker.task = worker.ticket = None
         self.stats["candidates"] += 1
+        self.stats["last_result_at"] = time.time()
+        self.stats["first_result_at"] = (
+            self.stats["first_result_at"] or self.stats["last_result_at"]
+        )
         device = f"{self.device}:{worker.info.get('device_name', '')}"
         torch_version = str(worker.info.get("torch_version", ""))
         verdicts = [

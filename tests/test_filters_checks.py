@@ -204,3 +204,30 @@ def test_compiled_graphs_wait_for_a_queued_timer(tmp_path: Path) -> None:
     run.join(300)
     with torch.no_grad():
         assert torch.allclose(result["out"], c.model(*c.inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_an_input_draw_out_of_device_memory_is_not_drawn_again_on_the_cpu() -> None:
+    """A ``get_inputs()`` that cannot run with the GPU as default device is drawn again on the
+    CPU; one that ran out of device memory is not: a CPU draw holds other values, so verdicts
+    on values would depend on how full the shared GPU was. The OOM reaches the stage, whose
+    ``oom`` is retried alone. Needs no GPU: nothing is allocated before the error."""
+    calls: list[str] = []
+
+    def needs_cpu_generator() -> list[Any]:
+        calls.append("draw")
+        if len(calls) == 1:
+            raise RuntimeError("Expected a 'cuda' device type for generator")
+        return [torch.ones(2)]
+
+    cuda = torch.device("cuda")
+    assert checks.draw_inputs(needs_cpu_generator, cuda, 7)[0].tolist() == [1.0, 1.0]
+    assert calls == ["draw", "draw"]  # under the GPU first, then again as written
+
+    def full_device() -> list[Any]:
+        calls.append("full")
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        checks.draw_inputs(full_device, cuda, 7)
+    assert calls[2:] == ["full"]  # drawn once: no CPU draw after the OOM
+    assert checks.classify(torch.OutOfMemoryError("CUDA out of memory"), "x") == "oom"

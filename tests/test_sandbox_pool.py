@@ -74,6 +74,7 @@ def test_workers_are_recycled_and_results_keep_order() -> None:
     assert all(rows[-1].reason == "constant_output" for rows in results.values())
     assert seen[-1] == (3, 3) and len(seen) == 3
     assert stats["candidates"] == 3
+    assert before < stats["first_result_at"] <= stats["last_result_at"] <= time.time()
     assert stats["workers_replaced"] >= 1 and stats["workers_started"] >= 2
     assert all(p.poll() is not None for p in procs)  # close() leaves no worker behind
     idle = WorkerPool(config(), "cpu")

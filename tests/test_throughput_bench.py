@@ -231,10 +231,13 @@ def test_usage_is_summarised_over_the_steady_window_only() -> None:
         cpu.stamps.append(start + second)
         gpu.samples.append(Sample(0, share * 100, 1000.0, 143771.0))
         gpu.stamps.append(start + second)
-    usage = usage_within(rows, cpu, gpu)
+    usage = usage_within([rows], cpu, gpu)
     assert usage["cpu"]["samples"] == 2 and usage["cpu"]["busy_mean_pct"] == 70.0
     assert usage["gpu"]["0"]["utilization_mean_pct"] == 70.0
-    assert usage_within(rows[:1], cpu, gpu)["cpu"]["samples"] == 4  # no window: the whole run
+    assert usage_within([rows[:1]], cpu, gpu)["cpu"]["samples"] == 4  # no window: the whole run
+    # side-by-side copies: from the earliest copy's window start to the latest one's end
+    later = [row(f"t{i}", at + 50) for i, at in enumerate(finish)]
+    assert usage_within([rows, later], cpu, gpu)["cpu"]["samples"] == 3
 
 
 def test_cpu_busy_share_of_a_core_set(tmp_path: Path) -> None:
@@ -325,8 +328,8 @@ def test_multi_gpu_phases_line_up_marks_pools_and_verdicts() -> None:
 
     marks = {"started_at": start, "flow_started_at": start + 12.34, "screened_at": start + 58.0}
     pools = [
-        {"started_at": start + 3.0, "start_s": 20.04},
-        {"started_at": start + 3.5, "start_s": 25.0},
+        {"started_at": start + 3.0, "start_s": 20.04, "last_result_at": start + 50.04},
+        {"started_at": start + 3.5, "start_s": 25.0, "last_result_at": start + 55.0},
         {"started_at": None, "start_s": None},  # a pool that never started counts nowhere
     ]
     rows = [row("static", 14), row("decontam", 15), row("eager", 30), row("compile", 55)]
@@ -334,6 +337,7 @@ def test_multi_gpu_phases_line_up_marks_pools_and_verdicts() -> None:
         "flow_running_s": 12.3,
         "prefilter_done_s": 15.0,
         "pools_ready_s": [23.0, 28.5],
+        "pools_done_s": [50.0, 55.0],
         "first_verdict_s": 30.0,
         "last_verdict_s": 55.0,
         "flow_done_s": 58.0,
@@ -341,18 +345,91 @@ def test_multi_gpu_phases_line_up_marks_pools_and_verdicts() -> None:
     assert phases(marks, [], rows[:2])["first_verdict_s"] is None
 
 
-def test_multi_gpu_runs_name_gpus_and_an_optional_core_share() -> None:
+def test_multi_gpu_runs_name_gpus_an_optional_core_share_and_copies() -> None:
     import argparse
 
-    from benchmarks.multi_gpu import parse_args, parse_run, run_label
+    from benchmarks.multi_gpu import RunSpec, copy_slices, parse_args, parse_run, run_label
 
-    assert parse_run("2") == (2, 0) and parse_run("1/16") == (1, 16)
-    for bad in ("0", "two", "1/-4", "1/x"):
+    assert parse_run("2") == RunSpec(2, 0, 1) and parse_run("1/16") == RunSpec(1, 16, 1)
+    assert parse_run("2x1/16") == RunSpec(1, 16, 2) and parse_run("3x2") == RunSpec(2, 0, 3)
+    for bad in ("0", "two", "1/-4", "1/x", "0x1", "yx1/16"):
         with pytest.raises(argparse.ArgumentTypeError, match="GPU"):
             parse_run(bad)
-    args = parse_args(["--candidates", "c.parquet", "--gpus", "1/16", "2", "1"])
-    assert args.gpus == [(1, 16), (2, 0), (1, 0)]
-    assert [run_label(*run) for run in args.gpus] == ["gpus-1-cores-16", "gpus-2", "gpus-1"]
+    args = parse_args(["--candidates", "c.parquet", "--gpus", "1/16", "2", "1", "2x1/16"])
+    assert args.gpus == [(1, 16, 1), (2, 0, 1), (1, 0, 1), (1, 16, 2)]
+    labels = [run_label(spec.gpus, spec.cores) for spec in args.gpus]
+    assert labels == ["gpus-1-cores-16", "gpus-2", "gpus-1", "gpus-1-cores-16"]
+    assert run_label(1, 16, copy=1) == "gpus-1-cores-16-copy-1"
+    # side-by-side copies get disjoint cores and GPUs; without a core count they split the host
+    cores = list(range(32))
+    assert copy_slices(RunSpec(1, 16, 2), cores) == [(cores[:16], [0]), (cores[16:], [1])]
+    assert copy_slices(RunSpec(2, 0, 2), cores) == [(cores[:16], [0, 1]), (cores[16:], [2, 3])]
+    assert copy_slices(RunSpec(2, 0, 1), cores) == [(cores, [0, 1])]
+    with pytest.raises(ValueError, match="needs 48 cores, this process may use 32"):
+        copy_slices(RunSpec(1, 16, 3), cores)
+    # each copy starts at its own point of the set, so heavy candidates do not coincide
+    from benchmarks.multi_gpu import rotated
+
+    assert [rotated(list(range(6)), i, 3) for i in range(3)] == [
+        [0, 1, 2, 3, 4, 5],
+        [2, 3, 4, 5, 0, 1],
+        [4, 5, 0, 1, 2, 3],
+    ]
+
+
+def test_side_by_side_copies_add_up_against_a_single_run() -> None:
+    """Two copies of a one-GPU run side by side (each on the whole candidate set) against one
+    alone: rates add up, times are the slower copy's, every copy's verdicts are compared."""
+    import argparse
+    from datetime import UTC, datetime
+
+    from benchmarks.cpu_usage import CpuSampler
+    from benchmarks.gpu_usage import GpuSampler
+    from benchmarks.multi_gpu import RunSpec, combine, summarise, table
+
+    start = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC).timestamp()
+
+    def copy(finish: list[int], reasons: list[str], wall: float, offset: float = 0.0) -> dict:
+        rows = [
+            {
+                "task_id": f"t{i}",
+                "stage": "runtime",
+                "reason": reason,
+                "created_at": f"2026-11-30T12:{at // 60:02}:{at % 60:02}+00:00",
+                "measures": {"eager_ms_median": 10.0},
+            }
+            for i, (at, reason) in enumerate(zip(finish, reasons, strict=True))
+        ]
+        marks = {"started_at": start + offset, "flow_started_at": start + 5, "screened_at": start}
+        pool = {"started_at": start + 1, "start_s": 9.0, "last_result_at": start + max(finish)}
+        return {"tasks": len(rows), "cores": 16, "wall_s": wall, "marks": marks,
+                "pools": [pool], "rows": rows}  # fmt: skip
+
+    ok = ["ok"] * 10
+    alone = copy([10 * (i + 1) for i in range(10)], ok, 120.0)  # 10 s per candidate
+    fast = copy([20 + 5 * i for i in range(10)], ok, 80.0)  # 5 s per candidate
+    slow = copy([20 + 10 * i for i in range(10)], ok[:9] + ["crashed"], 130.0, offset=1.0)
+    idle = (CpuSampler(), GpuSampler())
+    runs = [
+        combine(RunSpec(1, 16), [alone], *idle),
+        combine(RunSpec(1, 16, 2), [fast, slow], *idle),
+    ]
+    assert runs[1]["steady_per_minute"] == 12.0 + 6.0 and runs[1]["wall_s"] == 130.0
+    assert runs[1]["filter_span_s"] == 90.0 and runs[1]["per_minute"] == round(20 / 130 * 60, 1)
+    assert runs[1]["phases"]["pools_done_s"] == [65.0, 110.0]  # from the earlier copy's start
+    args = argparse.Namespace(
+        shard_size=16, shards_per_worker=2, workers_per_gpu=16, candidates_per_process=8,
+        prepare_audit_ahead=False, device="cuda", borderline=0.1,
+    )  # fmt: skip
+    both = summarise(args, runs)["runs"][1]
+    assert both["steady_speedup"] == 3.0  # 18/min against 6/min alone
+    assert both["speedup"] == round(120 * 2 / 130, 2)  # twice the candidates in 130 s
+    assert both["filter_span_speedup"] == 2.0  # twice the candidates over 90 s against 90 s
+    assert both["kept"] == [10, 9]
+    assert both["verdicts_vs_first"]["tasks"] == 20 and both["verdicts_vs_first"]["mismatch"] == [
+        "t9"
+    ]
+    assert "| 2 x 1 side by side | 32 |" in table(summarise(args, runs))
 
 
 def test_gpu_samples_are_summarised_per_gpu() -> None:
