@@ -532,7 +532,7 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     """torch.compile (default mode) runs and matches eager within the evaluator's tolerance."""
     start = time.perf_counter()
     try:
-        compiled = compile_locked(c)
+        compiled = compile_locked(c.model, c.gpu_shared if c.lock_dir else None)
         with torch.no_grad():
             compiled(*c.inputs)
         outputs = c.forward(c.inputs, fn=compiled)
@@ -566,16 +566,17 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     return measures
 
 
-def compile_locked(c: Candidate) -> Any:
-    """``torch.compile(c.model)`` (inductor, default mode) whose compiled graphs run inside a
-    shared GPU section. The first call compiles for seconds on the CPU, which must stay outside
-    the lock (a queued timer would wait for it), then runs the graphs, where inductor also
-    benchmarks the candidate configs of its kernels: GPU work a timer must not overlap. So the
-    lock is taken around each compiled graph's run, not around the call. Eager code between
-    graphs (a graph break) of that first call still runs unlocked. Without a lock (CPU, a lone
-    process) this is plain ``torch.compile``."""
-    if not c.lock_dir:
-        return torch.compile(c.model)
+def compile_locked(model: Any, shared: Callable[[], Any] | None) -> Any:
+    """``torch.compile(model)`` (inductor, default mode) whose compiled graphs each run inside
+    ``shared()``, the GPU's shared section. The first call compiles for seconds on the CPU,
+    which must stay outside the lock (a queued timer would wait for it), then runs the graphs,
+    where inductor also benchmarks the candidate configs of its kernels: GPU work a timer must
+    not overlap. So the lock is taken around each compiled graph's run, not around the call.
+    Eager code between graphs (a graph break) of that first call still runs unlocked. Without a
+    section (CPU, a lone process) this is plain ``torch.compile``. The filters' compile stage
+    and the evaluator's ``torch.compile`` reference both compile this way."""
+    if shared is None:
+        return torch.compile(model)
     inductor = torch._dynamo.lookup_backend("inductor")
 
     def backend(graph: Any, example_inputs: Any) -> Any:
@@ -584,14 +585,14 @@ def compile_locked(c: Candidate) -> Any:
         def run(*args: Any) -> Any:
             if held():  # a timed or untimed section already covers this run
                 return compiled(*args)
-            with c.gpu_shared():
+            with shared():
                 return compiled(*args)
 
         # inductor may return a function that takes its arguments as one list; keep that
         run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
         return run
 
-    return torch.compile(c.model, backend=backend)
+    return torch.compile(model, backend=backend)
 
 
 # --------------------------------------------------------------------------------------------

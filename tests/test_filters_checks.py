@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -187,7 +188,7 @@ def test_compiled_graphs_wait_for_a_queued_timer(tmp_path: Path) -> None:
     c.module = checks.load_module(str(path))
     c.model = c.module.Model().cuda()
     c.inputs = [torch.randn(256, 4096, device="cuda")]
-    compiled = checks.compile_locked(c)
+    compiled = checks.compile_locked(c.model, c.gpu_shared)
 
     gate = os.open(lock_dir / f"gpu-{checks._gpu_ident(c.device)}.gate", os.O_RDWR | os.O_CREAT)
     fcntl.flock(gate, fcntl.LOCK_SH)  # what a timer holds while it waits and times
@@ -231,3 +232,34 @@ def test_an_input_draw_out_of_device_memory_is_not_drawn_again_on_the_cpu() -> N
         checks.draw_inputs(full_device, cuda, 7)
     assert calls[2:] == ["full"]  # drawn once: no CPU draw after the OOM
     assert checks.classify(torch.OutOfMemoryError("CUDA out of memory"), "x") == "oom"
+
+
+def test_compiled_graphs_run_inside_the_given_section_once_each(tmp_path: Path) -> None:
+    """``compile_locked``: each compiled graph's run (two per call here: a graph break) enters
+    the shared section once; a run inside a section already held enters none (it would wait
+    on itself); without a section it is plain ``torch.compile``. On the CPU with a recording
+    section: the section's locking is ``filters.gpulock``'s, tested on its own."""
+    from filters import gpulock
+
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def section() -> Any:
+        entered.append(1)
+        yield
+
+    class Broken(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.sin()
+            torch._dynamo.graph_break()
+            return y.cos()
+
+    torch._dynamo.reset()
+    x = torch.randn(8)
+    compiled = checks.compile_locked(Broken(), section)
+    assert torch.allclose(compiled(x), x.sin().cos())
+    assert len(entered) == 2
+    with gpulock.gpu_section(str(tmp_path), "cpu-test", exclusive=True):
+        compiled(x)
+    assert len(entered) == 2  # the held section covered both graphs
+    assert torch.allclose(checks.compile_locked(Broken(), None)(x), x.sin().cos())
