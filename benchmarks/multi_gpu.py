@@ -16,10 +16,15 @@ start as well as the filtering.
 
 A run is ``GPUS`` or ``GPUS/CORES``: ``1/16`` runs one GPU on the first 16 of the host's cores
 (the share each GPU gets in a 2-GPU run on 32 cores), ``1`` one GPU on all of them, so that
-what the second GPU adds can be told apart from what the extra cores add. Speed-ups are
-against the first run. Throughput is given three ways: end to end (wall), between the first
-and the last sandboxed verdict (span), and steady (between the 10th and 90th percentile of the
-candidates' last verdicts, leaving out the pools' ramp-up and the last shards' tail).
+what the second GPU adds can be told apart from what the extra cores add. ``2x1/16`` runs two
+independent copies of ``1/16`` side by side, each on its own GPU and cores with its own Prefect
+server, Dask cluster and compile cache, starting at different points of the set: what the host
+allows with nothing of the pipeline shared, against which a multi-GPU run's shortfall is the
+runner's and the rest the host's (``host_scaling.py`` measures the host's cores alone).
+Speed-ups are against the first run. Throughput is given three ways: end to end (wall),
+between the first and the last sandboxed verdict (span), and steady (between the 10th and 90th
+percentile of the candidates' last verdicts, leaving out the pools' ramp-up and the last
+shards' tail).
 
 Verdicts are compared task by task (final stage and reason). A difference is *borderline* when
 either side's eager median lies within ``--borderline`` (relative) of the runtime window's
