@@ -118,30 +118,33 @@ def mean_mhz(cpus: set[int], path: str = "/proc/cpuinfo") -> float | None:
 def phase(args: argparse.Namespace, workload: str, cores: list[int]) -> dict[str, Any]:
     """One process per core of ``cores``, all at once; every repeat's seconds and the cores'
     mean clock sampled while they run."""
-    scratch = tempfile.mkdtemp(prefix=f"host-scaling-{workload}-")
-    command = [sys.executable, __file__, "--worker", workload, "--repeats", str(args.repeats)]
-    command += ["--duty", str(args.duty), "--scratch", scratch]
-    procs = [
-        subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda core=core: os.sched_setaffinity(0, {core}),
-        )
-        for core in cores
-    ]
-    clocks = []
-    while any(p.poll() is None for p in procs):
-        clock = mean_mhz(set(cores))
-        if clock is not None:
-            clocks.append(clock)
-        time.sleep(0.5)
-    seconds: list[float] = []
-    for proc in procs:
-        out, _ = proc.communicate()
-        if proc.returncode:
-            sys.exit(f"{workload} on {len(cores)} cores: a worker failed (exit {proc.returncode})")
-        seconds += json.loads(out.strip().splitlines()[-1])
+    # the repeats' compile caches go with it: nothing of a phase is left in /tmp
+    with tempfile.TemporaryDirectory(prefix=f"host-scaling-{workload}-") as scratch:
+        command = [sys.executable, __file__, "--worker", workload, "--repeats", str(args.repeats)]
+        command += ["--duty", str(args.duty), "--scratch", scratch]
+        procs = [
+            subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                text=True,
+                preexec_fn=lambda core=core: os.sched_setaffinity(0, {core}),
+            )
+            for core in cores
+        ]
+        clocks = []
+        while any(p.poll() is None for p in procs):
+            clock = mean_mhz(set(cores))
+            if clock is not None:
+                clocks.append(clock)
+            time.sleep(0.5)
+        seconds: list[float] = []
+        for proc in procs:
+            out, _ = proc.communicate()
+            if proc.returncode:
+                sys.exit(
+                    f"{workload} on {len(cores)} cores: a worker failed (exit {proc.returncode})"
+                )
+            seconds += json.loads(out.strip().splitlines()[-1])
     return {
         "workload": workload,
         "cores": len(cores),

@@ -337,7 +337,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--gpus",
         type=parse_run,
         nargs="+",
-        default=[(1, 0), (2, 0)],
+        default=[RunSpec(1, 0), RunSpec(2, 0)],
         help="runs, in order: GPUS or GPUS/CORES (CORES of the host's; default all); "
         "COPIESxGPUS/CORES runs COPIES independent copies of that run side by side, each on "
         "its own GPUs and cores: what the host allows with nothing shared between the GPUs",
@@ -405,7 +405,7 @@ def rotated(items: list[Any], copy: int, copies: int) -> list[Any]:
     copies of a run then meet the set's heaviest candidates (the GPU- and host-memory-hungry
     ones, the slow compiles) at different times instead of all at once, as shards of one run
     spread over GPUs do. Pure."""
-    start = copy * len(items) // copies if copies else 0
+    start = copy * len(items) // copies
     return items[start:] + items[:start]
 
 
