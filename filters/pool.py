@@ -221,6 +221,9 @@ class WorkerPool:
             "last_result_at": None,
             "retried_alone": 0,
             "retried_alone_s": 0.0,
+            # Waiting processes (prestarted or kept, each with its CUDA context) killed so that
+            # a retried task had the device to itself.
+            "retry_released": 0,
             # How each candidate's process was started (filters.worker, ``last_child``).
             "child_prestarted": 0,
             "child_fresh": 0,
@@ -479,7 +482,7 @@ class WorkerPool:
         wave = Ticket(jobs, ticket.overrides)
         with self._queue_lock:
             self._queue.extendleft((wave, job) for job in reversed(jobs.values()))
-        self._drive(wave, len(jobs), only=wave)
+        self._drive(wave, len(jobs), only=wave, release=True)
         return wave.results
 
     def _retry_budget_gib(self) -> float | None:
@@ -493,13 +496,21 @@ class WorkerPool:
             return None
         return min(sizes) / 2**30 * self.cfg.retry_memory_fraction
 
-    def _drive(self, ticket: Ticket, parallel: int, only: Ticket | None = None) -> None:
+    def _drive(
+        self, ticket: Ticket, parallel: int, only: Ticket | None = None, release: bool = False
+    ) -> None:
         """Feed queued jobs to idle workers (``only``'s, or any batch's in queue order), at most
-        ``parallel`` candidates running at once, until ``ticket`` is done."""
+        ``parallel`` candidates running at once, until ``ticket`` is done. With ``release``,
+        nothing starts before every worker is idle and has let go of its waiting processes."""
         while not ticket.done:
             busy = sum(1 for w in self._workers if w is not None and w.state == "busy")
+            if release and not any(
+                w is None or w.state in ("busy", "starting") for w in self._workers
+            ):
+                self._release_idle()
+                release = False
             for worker in self._workers:
-                if busy >= parallel:
+                if release or busy >= parallel:
                     break
                 if worker is None or worker.state != "idle":
                     continue
@@ -521,6 +532,24 @@ class WorkerPool:
                     owner.progress(len(owner.results), len(owner.jobs))
             if not ticket.done and not self._pending(ticket):
                 raise PoolError("a batch's candidates are neither queued nor running")
+
+    def _release_idle(self) -> None:
+        """Have every idle worker kill its waiting processes (``filters.worker`` ``release``):
+        a prestarted or kept process holds a CUDA context (about 1.3 GiB per H200 worker with
+        both), so a task "retried alone" next to 15 idle workers still found ~20 GiB taken. A
+        worker that does not answer within ``grace_s`` is replaced."""
+        releasing = [w for w in self._workers if w is not None and w.state == "idle"]
+        for worker in releasing:
+            if self._send(worker, {"op": "release"}):
+                worker.state = "releasing"
+            else:
+                self._replace(worker)
+        deadline = time.monotonic() + self.cfg.grace_s
+        while time.monotonic() < deadline and any(w.state == "releasing" for w in releasing):
+            self._pump(0.5)
+        for worker in releasing:
+            if worker.state == "releasing":
+                self._lost(worker, "worker_lost", "worker did not release its waiting processes")
 
     def _pending(self, ticket: Ticket) -> bool:
         """Whether any of ``ticket``'s jobs is queued or running (else waiting is forever)."""
@@ -718,6 +747,11 @@ class WorkerPool:
             self._start_failures = 0
             for key in ("device_name", "torch_version", "cuda_version"):
                 self.stats[key] = event.get(key) or self.stats.get(key)
+            return
+        if kind == "released":
+            if worker.state == "releasing":
+                worker.state = "idle"
+                self.stats["retry_released"] += int(event.get("count") or 0)
             return
         if worker.task is None or event.get("task_id") != worker.task.id:
             return

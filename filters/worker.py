@@ -212,14 +212,25 @@ class Worker:
                     self.send(self.evaluate(message))
                 elif op == "calibrate":
                     self.send(self.calibrate(message))
+                elif op == "release":
+                    self.send({"event": "released", "count": self.release()})
                 elif op == "exit":
                     return
         finally:
-            self._discard_spare()
-            kept, self._kept = self._kept, None
-            self._discard(kept)
+            self.release()
 
     # ------------------------------------------------------------------------ operations
+
+    def release(self) -> int:
+        """Kill the processes waiting for a next candidate (the prestarted spare, the child
+        kept for reuse): on CUDA each holds a context and the kept one its cached memory, which
+        a candidate retried alone must not share the device with. The next candidate forks
+        afresh. How many there were."""
+        spare, self._spare = self._spare, None
+        kept, self._kept = self._kept, None
+        for child in (spare, kept):
+            self._discard(child)
+        return (spare is not None) + (kept is not None)
 
     def evaluate(self, message: dict[str, Any]) -> dict[str, Any]:
         task_id = message["task_id"]

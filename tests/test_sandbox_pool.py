@@ -157,7 +157,8 @@ class WatchedPool(WorkerPool):
 
 def test_oom_is_retried_alone_and_the_first_run_is_kept() -> None:
     """An ``oom`` under concurrency may be another candidate's memory: the task runs again
-    with nothing else running, and that verdict stands with the first run recorded."""
+    with nothing else running, not even a process waiting for a next candidate (on CUDA each
+    holds a context), and that verdict stands with the first run recorded."""
     tasks = [oom_task("a"), constant_task(7), oom_task("b")]
     pool = WatchedPool(config(workers=2), "cpu")
     pool.log = []
@@ -174,10 +175,35 @@ def test_oom_is_retried_alone_and_the_first_run_is_kept() -> None:
         assert len(dispatches) == 2 and dispatches[1] == 0  # the second run had the pool alone
     assert "first_run" not in results[tasks[1].id][-1].measures
     assert stats["retried_alone"] == 2
+    # Before the first retry both workers' prestarted processes go; before the second, the
+    # one the first retry's worker forked meanwhile. Each retry then runs in a fresh fork.
+    assert stats["retry_released"] == 3
+    assert stats["child_fresh"] == 2 and stats["child_prestarted"] == 3
     with WorkerPool(config(workers=1), "cpu") as lone:
         alone = lone.evaluate(tasks[:1])
         assert lone.stats["retried_alone"] == 0  # one worker: the first run was already alone
     assert "first_run" not in alone[tasks[0].id][-1].measures
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_the_gpu_a_task_retried_alone_has_the_device_to_itself() -> None:
+    """The task asks for all of the device but 4 GiB: beside eleven idle workers, each with a
+    process waiting in its own CUDA context, it cannot fit; retried alone it must. Only the
+    eager stage runs: the timed runs' own buffers would not fit beside it either."""
+    forward = (
+        "total = torch.cuda.mem_get_info()[1]\n"
+        "        big = torch.empty(total - (4 << 30), dtype=torch.uint8, device=x.device)\n"
+        "        return x * 2 + big[:1].float() * 0"
+    )
+    hungry = Task(ops=["t"], data_source="torch#1", code=task_source(forward))
+    with WorkerPool(config(workers=12, task_timeout_s=120.0), "cuda") as pool:
+        rows = pool.wait(pool.submit([hungry], None, {"stages": ["eager"]}))[hungry.id]
+        stats = dict(pool.stats)
+    assert rows[-1].measures["first_run"]["reason"] == "oom"
+    assert rows[-1].measures["first_run"]["stage"] == "eager"
+    assert [(r.stage, r.passed) for r in rows] == [("eager", True)], rows[-1].detail
+    assert stats["retry_released"] >= 11
 
 
 def test_queued_batches_start_on_workers_the_driving_batch_leaves_idle() -> None:
