@@ -457,6 +457,7 @@ def combine(spec: RunSpec, copies: list[dict[str, Any]], cpu: Any, gpu: Any) -> 
     from benchmarks.throughput import device_init
 
     rows = [row for c in copies for row in c["rows"]]
+    pools = [p for c in copies for p in c["pools"]]
     steady = [steady_per_minute(c["rows"]) for c in copies]
     spans = [filter_span_s(c["rows"]) for c in copies]
     first = min(copies, key=lambda c: c["marks"]["started_at"])
@@ -473,8 +474,8 @@ def combine(spec: RunSpec, copies: list[dict[str, Any]], cpu: Any, gpu: Any) -> 
         "finals": [final_rows(c["rows"]) for c in copies],
         "usage": usage_within([c["rows"] for c in copies], cpu, gpu),
         "device_init": device_init(rows),
-        "phases": phases(first["marks"], [p for c in copies for p in c["pools"]], rows),
-        "pools": [p for c in copies for p in c["pools"]],
+        "phases": phases(first["marks"], pools, rows),
+        "pools": pools,
     }
 
 
@@ -621,7 +622,7 @@ def table(summary: dict[str, Any]) -> str:
         lines.append(
             f"| {_gpus(r)} | {r['cores']} | {p['flow_running_s']} | {p['prefilter_done_s']} "
             f"| {', '.join(map(str, p['pools_ready_s']))} "
-            f"| {', '.join(map(str, p.get('pools_done_s', [])))} | {p['first_verdict_s']} "
+            f"| {', '.join(map(str, p['pools_done_s']))} | {p['first_verdict_s']} "
             f"| {p['last_verdict_s']} | {p['flow_done_s']} | {pools} | {_usage(r.get('usage'))} |"
         )
     return "\n".join(lines)

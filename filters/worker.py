@@ -226,11 +226,11 @@ class Worker:
         kept for reuse): on CUDA each holds a context and the kept one its cached memory, which
         a candidate retried alone must not share the device with. The next candidate forks
         afresh. How many there were."""
-        spare, self._spare = self._spare, None
+        waiting = (self._spare is not None) + (self._kept is not None)
+        self._discard_spare()
         kept, self._kept = self._kept, None
-        for child in (spare, kept):
-            self._discard(child)
-        return (spare is not None) + (kept is not None)
+        self._discard(kept)
+        return waiting
 
     def evaluate(self, message: dict[str, Any]) -> dict[str, Any]:
         task_id = message["task_id"]
