@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import inspect
+import linecache
 import sys
 import textwrap
 from types import ModuleType
@@ -46,6 +48,32 @@ def _import_line(name: str, value: Any, module: ModuleType) -> str:
     return f"from {module.__name__} import {name}"
 
 
+@functools.cache
+def _top_level_sources(filename: str) -> dict[str, str]:
+    """Source of each top-level class and function of a file, decorators included.
+
+    ``inspect.getsource`` parses the whole module again for every class it is asked for; a
+    modeling module is large and a task inlines several of its classes, so it is parsed once.
+    """
+    lines = linecache.getlines(filename)
+    found: dict[str, str] = {}
+    for node in ast.parse("".join(lines)).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            found[node.name] = "".join(lines[first - 1 : node.end_lineno])
+    return found
+
+
+def _source(obj: Any, name: str) -> str:
+    """``obj``'s source, from the parsed module when it is defined at its top level."""
+    filename = inspect.getsourcefile(obj)
+    if filename and getattr(obj, "__qualname__", name) == name:
+        source = _top_level_sources(filename).get(name)
+        if source is not None:
+            return textwrap.dedent(source)
+    return textwrap.dedent(inspect.getsource(obj))
+
+
 def inline_class(cls: type) -> str:
     """Self-contained source defining ``Model`` as ``cls`` (raises OSError/TypeError when a
     source is unavailable)."""
@@ -59,7 +87,7 @@ def inline_class(cls: type) -> str:
             return
         visiting.add(name)
         obj = module.__dict__[name]
-        source = textwrap.dedent(inspect.getsource(obj))
+        source = _source(obj, name)
         for free in _free_names(ast.parse(source)):
             if free == name or hasattr(builtins, free) and free not in module.__dict__:
                 continue
