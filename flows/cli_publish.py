@@ -55,16 +55,27 @@ def report(
     out: Annotated[
         Path | None, typer.Option("--out", help="report directory (default: RUN/report)")
     ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            "--reference",
+            help="compare with a reference set: ops6k, a profile JSON, a task parquet or ORG/NAME",
+        ),
+    ] = None,
 ) -> None:
-    """Write RUN's audit report: report.html, report.md, tables/*.csv, plots/*.png."""
+    """Write RUN's audit report: report.html, report.md, tables/*.csv, plots/*.png; with
+    --reference, also how the accepted tasks compare with that set (tables/fidelity.csv)."""
     from flows.cli import _fail
+    from flows.reference import ReferenceLoadError, fidelity_for
     from opsynth.report.render import write_report
     from opsynth.rundata import load_run
     from opsynth.store import RunDirError
 
     try:
-        written = write_report(load_run(run), out or run / "report")
-    except RunDirError as exc:
+        data = load_run(run)
+        fidelity = fidelity_for(data, reference) if reference is not None else None
+        written = write_report(data, out or run / "report", fidelity)
+    except (RunDirError, ReferenceLoadError) as exc:
         _fail(str(exc))
         return
     Console().print(

@@ -12,6 +12,9 @@ import pytest
 from nbrun import execute, outputs
 from runfactory import make_run
 
+from opsynth.profile import load_profile
+from opsynth.publish import publish_run
+from opsynth.report.fidelity import compare, task_rows
 from opsynth.report.render import write_report
 from opsynth.report.tables import build_tables
 from opsynth.rundata import load_run
@@ -96,6 +99,66 @@ def test_report_cli_and_bad_input(audit, tmp_path):
         proc = report_cli(str(bad))
         assert proc.returncode == 2 and needle in proc.stderr
         assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_report_fidelity_section(run, audit, tmp_path):
+    data = load_run(run)
+    reference = task_rows(load_run(audit).accepted)
+    fidelity = compare(task_rows(data.accepted), reference, "audit set", run_structural=0.2)
+    table = {(r["section"], r["measure"]): r for r in fidelity.table.iter_rows(named=True)}
+    assert table[("operators", "tasks")]["run"] == 5
+    assert table[("operators", "tasks")]["reference"] == len(reference)
+    assert table[("operators", "structural duplicates")]["run"] == 20.0
+    assert table[("operators", "structural duplicates")]["reference"] is None
+    # runfactory tasks chain torch.relu/tanh/sigmoid/abs/exp/sin on one rank-2 input
+    assert table[("categories", "conv")]["run"] == 0.0
+    assert table[("categories", "activation")]["reference"] > 0
+    assert table[("structure", "an input of rank 2")]["run"] == 100.0
+    assert table[("structure", "more than one input")]["difference"] == 0.0
+    assert {m for s, m in table if s == "data_source"} >= {"torch#1", "torch#2", "torch#3"}
+    report = write_report(data, tmp_path / "r", fidelity)
+    assert {p.stem for p in report.tables.values()} == TABLES | {"fidelity"}
+    assert {p.stem for p in report.plots.values()} == PLOTS | {"categories"}
+    markdown = report.markdown.read_text()
+    assert "## Fidelity to the reference set" in markdown and "Reference: audit set." in markdown
+    assert "plots/categories.png" in markdown and "more rows not shown" not in markdown
+    assert report.html.read_text().count("data:image/png;base64,") == len(PLOTS) + 1
+
+
+def test_report_cli_with_a_reference(run, audit, tmp_path):
+    proc = report_cli(str(run), "--out", str(tmp_path / "p"), "--reference", "ops6k")
+    assert proc.returncode == 0, proc.stderr
+    csv = (tmp_path / "p" / "tables" / "fidelity.csv").read_text()
+    assert "categories,conv,%,0.0,24.95,-24.95" in csv  # the shipped Ops-6K profile
+    assert "structural duplicates,%,0.0,," in csv  # a profile has no code to hash
+    reference = str(audit / "accepted.parquet")
+    proc = report_cli(str(run), "--out", str(tmp_path / "q"), "--reference", reference)
+    assert proc.returncode == 0, proc.stderr
+    markdown = (tmp_path / "q" / "report.md").read_text()
+    assert f"Reference: {reference} ({load_run(audit).accepted.height} tasks)." in markdown
+    (tmp_path / "bad.json").write_text("[]")
+    for bad, needle in (
+        (tmp_path / "bad.json", "not a profile"),
+        (tmp_path / "none.parquet", "no such file"),
+        ("not-a-hub-id", "no such file and not a Hub dataset id"),
+    ):
+        proc = report_cli(str(run), "--out", str(tmp_path / "x"), "--reference", str(bad))
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_dataset_card_shows_the_report_fidelity(tmp_path):
+    run = make_run(tmp_path / "run", seed=7, target=5)
+    before = publish_run(run, "org/set", dry_run=tmp_path / "before")
+    assert "## Fidelity" not in (before.export.root / "README.md").read_text()
+    data = load_run(run)
+    write_report(
+        data, run / "report", compare(task_rows(data.accepted), load_profile("ops6k"), "x")
+    )
+    after = publish_run(run, "org/set", dry_run=tmp_path / "after")
+    card = (after.export.root / "README.md").read_text()
+    assert "## Fidelity to a reference set" in card
+    assert "| categories | conv | % | 0 | 24.95 | -24.95 |" in card
 
 
 def test_notebook_executes_on_a_run(run, tmp_path):

@@ -2,14 +2,16 @@
 
 Metadata (licence, task categories, size category, configs) goes in the YAML front matter the
 Hub and ``datasets`` read; the body explains the set with the report's own tables: the funnel
-with its reasons, the composition against CUDA Agent's Table 3, runtimes and their window, the
-device and software, decontamination, how to regenerate it, and what to cite. Nothing in it
+with its reasons, the composition against CUDA Agent's Table 3 (and, when the run's report was
+made with ``--reference``, its fidelity table), runtimes and their window, the device and
+software, decontamination, how to regenerate it, and what to cite. Nothing in it
 depends on the clock, so the same run renders the same card and re-publishing is a no-op.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import polars as pl
 import yaml
@@ -31,6 +33,9 @@ SIZE_CATEGORIES = [
 ]
 BAR_WIDTH = 30  # characters of the text histogram's longest bar
 TOP_REASONS_IN_CARD = 10
+# where ``opsynth report RUN --reference ...`` leaves its fidelity table by default
+FIDELITY_CSV = Path("report") / "tables" / "fidelity.csv"
+FIDELITY_ROWS = 200  # the whole table
 CONFIG_NOTES = {
     "default": "Ops-6K columns: `ops` (JSON list of operator names), `data_source`, `code`",
     "full": "every task column, the filters' measurements (eager / compiled ms, speedup, "
@@ -106,6 +111,33 @@ def text_histogram(histogram: pl.DataFrame) -> str:
     peak = max(histogram["tasks"].max() or 0, 1)
     bars = ["█" * round(BAR_WIDTH * n / peak) if n else "" for n in histogram["tasks"].to_list()]
     return markdown_table(histogram.with_columns(pl.Series("", bars)))
+
+
+def report_fidelity(data: RunData) -> pl.DataFrame | None:
+    """The fidelity table of the run's report, when the run is a local directory and its
+    default report was made with ``--reference``."""
+    path = Path(data.source) / FIDELITY_CSV
+    if not path.is_file():
+        return None
+    try:
+        return pl.read_csv(path)
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+
+
+def _fidelity(data: RunData) -> list[str]:
+    table = report_fidelity(data)
+    if table is None or table.is_empty():
+        return []
+    return [
+        "## Fidelity to a reference set",
+        "",
+        "The accepted tasks against the reference set of the run's report (`opsynth report "
+        "--reference`): operator coverage, category and structure shares (% of tasks), and "
+        "the data_source mix; difference is this set minus the reference.",
+        "",
+        markdown_table(table, FIDELITY_ROWS),
+    ]
 
 
 def _environment(data: RunData) -> str:
@@ -210,6 +242,7 @@ def render_card(data: RunData, card: CardInput) -> str:
         "## Composition vs. CUDA Agent Table 3",
         "",
         markdown_table(tables["composition"]),
+        *_fidelity(data),
         "## Runtime",
         "",
         f"Eager runtime window {window_text} (median of timed runs, times the device speed "

@@ -2,6 +2,8 @@
 
 The HTML page embeds its plots (one self-contained file to mail or attach to a CI run); the
 Markdown page links ``plots/*.png`` next to it (renderers do not show inline image data).
+Given a ``Fidelity`` (``opsynth report --reference``), the report ends with the run held
+against that reference set: its table, a sentence naming the reference, and a category plot.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 import polars as pl
 
-from opsynth.report.markdown import html_table, markdown_table
+from opsynth.report.fidelity import Fidelity, category_plot, summary_line
+from opsynth.report.markdown import MAX_ROWS, html_table, markdown_table
 from opsynth.report.plots import build_plots, png
 from opsynth.report.tables import build_tables
 from opsynth.rundata import RunData
@@ -29,6 +32,7 @@ TITLES = {
     "runtime_histogram": "Accepted tasks per eager runtime bin (ms, as the window saw it)",
     "similarity": "Similarity to the nearest KernelBench problem",
     "nearest_kernelbench": "KernelBench problems most often nearest",
+    "fidelity": "Fidelity to the reference set",
 }
 PLOT_AFTER = {  # each plot is shown after the table it illustrates
     "funnel": ["funnel"],
@@ -36,7 +40,9 @@ PLOT_AFTER = {  # each plot is shown after the table it illustrates
     "composition": ["mix"],
     "runtime": ["runtime", "speedup"],
     "similarity": ["similarity"],
+    "fidelity": ["categories"],
 }
+ROW_LIMITS = {"fidelity": 200}  # tables shown whole in the documents (MAX_ROWS cuts the rest)
 STYLE = (
     "body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
     "table{border-collapse:collapse;margin:.5em 0 1.5em}"
@@ -73,15 +79,22 @@ def header_lines(data: RunData) -> list[str]:
     return [f"{name}: {value}".strip() for name, value in facts if str(value).strip()]
 
 
-def write_report(data: RunData, out: Path) -> Report:
+def write_report(data: RunData, out: Path, fidelity: Fidelity | None = None) -> Report:
     """Write ``out/{report.html, report.md, tables/*.csv, plots/*.png}``; each file is written
-    whole (temporary name, then rename), so a reader never sees half a report file."""
+    whole (temporary name, then rename), so a reader never sees half a report file.
+    ``fidelity`` adds the reference comparison (``tables/fidelity.csv``, ``plots/categories``)."""
     started = time.perf_counter()
     out = Path(out)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     tables = build_tables(data)
-    images = {name: png(fig) for name, fig in build_plots(data, tables).items()}
+    figures = build_plots(data, tables)
+    notes = {}
+    if fidelity is not None:
+        tables["fidelity"] = fidelity.table
+        figures["categories"] = category_plot(fidelity.table, fidelity.reference)
+        notes["fidelity"] = summary_line(fidelity)
+    images = {name: png(fig) for name, fig in figures.items()}
     table_paths = {name: out / "tables" / f"{name}.csv" for name in tables}
     plot_paths = {name: out / "plots" / f"{name}.png" for name in images}
     for name, frame in tables.items():
@@ -89,8 +102,10 @@ def write_report(data: RunData, out: Path) -> Report:
     for name, blob in images.items():
         write_bytes_atomic(plot_paths[name], blob)
     title = f"opsynth audit report: {data.source}"
-    write_bytes_atomic(out / "report.md", render_markdown(title, data, tables).encode())
-    write_bytes_atomic(out / "report.html", render_html(title, data, tables, images).encode())
+    markdown = render_markdown(title, data, tables, notes)
+    write_bytes_atomic(out / "report.md", markdown.encode())
+    page = render_html(title, data, tables, images, notes)
+    write_bytes_atomic(out / "report.html", page.encode())
     seconds = round(time.perf_counter() - started, 3)
     return Report(out / "report.html", out / "report.md", table_paths, plot_paths, seconds)
 
@@ -103,21 +118,39 @@ def _csv(frame: pl.DataFrame) -> bytes:
     return flat.write_csv().encode()
 
 
-def render_markdown(title: str, data: RunData, tables: dict[str, pl.DataFrame]) -> str:
+def render_markdown(
+    title: str,
+    data: RunData,
+    tables: dict[str, pl.DataFrame],
+    notes: dict[str, str] | None = None,
+) -> str:
+    """The Markdown page; ``notes`` puts a sentence under a table's heading."""
+    notes = notes or {}
     parts = [f"# {title}\n", *(f"- {line}" for line in header_lines(data)), ""]
     for name, frame in tables.items():
-        parts += [f"## {TITLES[name]}\n", markdown_table(frame)]
+        parts.append(f"## {TITLES[name]}\n")
+        if name in notes:
+            parts.append(f"{notes[name]}\n")
+        parts.append(markdown_table(frame, ROW_LIMITS.get(name, MAX_ROWS)))
         parts += [f"![{plot}](plots/{plot}.png)\n" for plot in PLOT_AFTER.get(name, [])]
     return "\n".join(parts)
 
 
 def render_html(
-    title: str, data: RunData, tables: dict[str, pl.DataFrame], images: dict[str, bytes]
+    title: str,
+    data: RunData,
+    tables: dict[str, pl.DataFrame],
+    images: dict[str, bytes],
+    notes: dict[str, str] | None = None,
 ) -> str:
+    notes = notes or {}
     facts = "".join(f"<li>{html.escape(line)}</li>" for line in header_lines(data))
     body = [f"<h1>{html.escape(title)}</h1><ul>{facts}</ul>"]
     for name, frame in tables.items():
-        body += [f"<h2>{html.escape(TITLES[name])}</h2>", html_table(frame)]
+        body.append(f"<h2>{html.escape(TITLES[name])}</h2>")
+        if name in notes:
+            body.append(f"<p>{html.escape(notes[name])}</p>")
+        body.append(html_table(frame, ROW_LIMITS.get(name, MAX_ROWS)))
         for plot in PLOT_AFTER.get(name, []):
             encoded = base64.b64encode(images[plot]).decode()
             body.append(f'<img alt="{plot}" src="data:image/png;base64,{encoded}">')
