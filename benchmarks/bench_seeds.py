@@ -1,4 +1,4 @@
-"""Time a full seed extraction (every library of ``seeds.catalogue``) and print the numbers.
+"""Time a full seed extraction (every library of ``seeds.libraries``) and print the numbers.
 
     .venv/bin/python benchmarks/bench_seeds.py [--out DIR]
 
@@ -30,14 +30,14 @@ def main() -> None:
     cfg = SeedsConfig()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-seeds-"))
     t0 = time.perf_counter()
-    result = write_catalogue(out, extract(cfg.catalogue, cfg), shared_file(OPS6K))
+    result = write_catalogue(out, extract(cfg.libraries, cfg), shared_file(OPS6K))
     wall = time.perf_counter() - t0
     for name, row in result["libraries"].items():
         print(
             f"{name:13s} runnable {row['runnable']:5d}  rejected {row['rejected']:5d}  "
             f"families {row['families']:3d}  {row['elapsed_s']:6.1f} s  {row['status']}"
         )
-    print(f"wall time {wall:.1f} s for {len(cfg.catalogue)} libraries -> {out}")
+    print(f"wall time {wall:.1f} s for {len(cfg.libraries)} libraries -> {out}")
     for part, row in result.get("coverage", {}).items():
         if isinstance(row, dict):
             share = f"{row['covered']}/{row['reference']} ({100 * row['fraction']:.1f}%)"

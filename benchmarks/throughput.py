@@ -6,19 +6,19 @@ Run by hand on a GPU host (torch, pyarrow and pydantic suffice; no Prefect), e.g
         --ops6k cuda_agent_ops_6k.parquet --composed 150 --device cuda --out results/throughput
 
 One fixed, seeded candidate set (KernelBench level 2, ``--ops6k-n`` sampled Ops-6K rows,
-``--composed`` offline-composed candidates, sized as ``opsynth run`` sizes them) goes through
-the static check and every sandboxed stage on one ``WorkerPool``: candidates per minute,
-seconds per stage (the verdict rows' ``elapsed_s``), peak worker memory (/proc). Then a seeded
-subset (``--naive``, bounded by ``--naive-budget-s``) goes through the naive harness: one fresh
-process per candidate, sequentially, the same filters, an empty compile cache each time; its
-rate is extrapolated from the subset, drawn and weighted by the pool's final reasons (see
-``naive_subset``). Timing noise: the eager
-median of ``--noise`` tasks measured while the pool's other workers compiled, against the same
-tasks measured alone (one worker, twice: the second pair is the noise floor). The pool's
-compile cache starts empty too (``--warm-cache`` uses the shared one), so both sides compile
-cold. Prints a markdown table and writes ``throughput.json``, the verdicts and the sized candidate
-set (``candidates.parquet``, which ``benchmarks/multi_gpu.py`` takes) to ``--out``;
-``--size-only`` writes that set and stops.
+``--composed`` candidates composed from the seed catalogue (``--catalogue``) and sized as
+``opsynth run`` sizes them) goes through the static check and every sandboxed stage on one
+``WorkerPool``: candidates per minute, seconds per stage (the verdict rows' ``elapsed_s``), peak
+worker memory (/proc). Then a seeded subset (``--naive``, bounded by ``--naive-budget-s``) goes
+through the naive harness: one fresh process per candidate, sequentially, the same filters, an
+empty compile cache each time; its rate is extrapolated from the subset, drawn and weighted by
+the pool's final reasons (see ``naive_subset``). Timing noise: the eager median of ``--noise``
+tasks measured while the pool's other workers compiled, against the same tasks measured alone
+(one worker, twice: the second pair is the noise floor). The pool's compile cache starts empty
+too (``--warm-cache`` uses the shared one), so both sides compile cold. Prints a markdown table
+and writes ``throughput.json``, the verdicts and the sized candidate set
+(``candidates.parquet``, which ``benchmarks/multi_gpu.py`` takes) to ``--out``; ``--size-only``
+writes that set and stops.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from benchmarks.gpu_usage import GpuSampler  # noqa: E402
 from benchmarks.proc_memory import MemorySampler  # noqa: E402
 from filters.audit import audit_tasks, load_task_set  # noqa: E402
 from filters.pool import WorkerPool, check_settings, host_cores, resolve_device  # noqa: E402
-from opsynth.config import ComposeConfig, FiltersConfig, SizingConfig  # noqa: E402
+from opsynth.config import ComposeConfig, FiltersConfig, SeedsConfig, SizingConfig  # noqa: E402
 from opsynth.record import Task, Verdict  # noqa: E402
 from opsynth.store import write_tasks, write_verdicts  # noqa: E402
 from opsynth.tasksets import load_kernelbench  # noqa: E402
@@ -67,15 +67,29 @@ def candidate_set(args: argparse.Namespace) -> tuple[list[Task], list[Task], dic
     compose_s = 0.0
     if args.composed:
         from synth.composers import run_composer
-        from synth.seeds import get_library, seed_tasks
 
         start = time.perf_counter()
-        seeds = seed_tasks(list(get_library("torch").specs()))
+        seeds = catalogue_seeds(args.catalogue)
         result = run_composer(seeds, ComposeConfig(seed=args.seed), args.composed)
         composed = result.kept()[: args.composed]
         compose_s = time.perf_counter() - start
     counts = {"kernelbench_l2": len(kb), "ops6k": len(ops6k), "composed": len(composed)}
     return kb + ops6k, composed, {**counts, "compose_s": round(compose_s, 1)}
+
+
+def catalogue_seeds(catalogue: Path | None) -> list[Task]:
+    """The seeds a run composes from: an extracted catalogue's ``seeds.parquet`` (``opsynth
+    seeds extract --out DIR``), else the default libraries' catalogue, extracted once into the
+    user cache as ``opsynth run`` does."""
+    from opsynth.store import read_tasks
+
+    if catalogue is not None:
+        return read_tasks(catalogue / "seeds.parquet")
+    from synth.catalog.report import ensure_catalogue
+
+    root = Path(tempfile.mkdtemp(prefix="throughput-seeds-"))
+    ensure_catalogue(root, SeedsConfig())
+    return read_tasks(root / "catalogue" / "seeds.parquet")
 
 
 def reused_set(path: Path) -> tuple[list[Task], list[Task], dict[str, Any]]:
@@ -538,6 +552,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an earlier run's candidates.parquet, filtered as it is (no composing or sizing)",
     )
     parser.add_argument("--composed", type=int, default=150, help="offline-composed candidates")
+    parser.add_argument(
+        "--catalogue",
+        type=Path,
+        help="a seed catalogue (`opsynth seeds extract --out DIR`) to compose from; default: "
+        "the default libraries' catalogue, through the user cache",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--workers", type=int, default=0, help="0 = derived from the host")
     parser.add_argument("--naive", type=int, default=20, help="candidates run the naive way")

@@ -17,6 +17,7 @@ from pathlib import Path
 from filters.pool import Progress, WorkerPool
 from filters.static_check import StaticCheck
 from opsynth.config import FiltersConfig
+from opsynth.profile import ops_list
 from opsynth.record import Task
 from opsynth.stage import StepResult, apply_filters
 
@@ -36,23 +37,11 @@ def load_task_set(path: str | Path) -> list[Task]:
         )
     tasks = []
     for index, row in enumerate(table.to_pylist()):
-        row["ops"] = json.dumps(_ops_list(row["ops"]))
+        row["ops"] = json.dumps(ops_list(row["ops"]))
         if not row.get("meta"):
             row["meta"] = json.dumps({"source": path.name, "row": index})
         tasks.append(Task.from_row(row))
     return tasks
-
-
-def _ops_list(value: object) -> list[str]:
-    """``ops`` is a JSON list string; the released transformers rows hold a bare name."""
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    text = str(value)
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return [text]
-    return [str(v) for v in parsed] if isinstance(parsed, list) else [text]
 
 
 def audit_tasks(
@@ -75,7 +64,8 @@ def _audit(tasks: Sequence[Task], pool: WorkerPool, progress: Progress | None) -
     pool.start()
     label = f"{pool.device}:{pool.stats.get('device_name') or ''}"
     torch_version = str(pool.stats.get("torch_version") or "")
-    static = apply_filters(tasks, [StaticCheck()], device=label, torch_version=torch_version)
+    modules = frozenset(pool.cfg.task_modules)
+    static = apply_filters(tasks, [StaticCheck(modules)], device=label, torch_version=torch_version)
     executed = pool.evaluate(static.kept, progress)
 
     result = StepResult()

@@ -114,8 +114,15 @@ class StaticCheck:
 
     name = "static"
 
+    def __init__(self, modules: frozenset[str] = frozenset()) -> None:
+        self.modules = modules  # seed libraries' modules that composed tasks may import
+
     def filter(self, task: Task) -> Decision:
-        return check_source(task.code, allow_transformers=_is_transformers(task.data_source))
+        return check_source(
+            task.code,
+            allow_transformers=_is_transformers(task.data_source),
+            extra_modules=self.modules,
+        )
 
 
 def _is_transformers(data_source: str) -> bool:

@@ -109,7 +109,7 @@ def extract(
 
     try:
         cfg = load_config(config)
-        names = list(library or cfg.seeds.catalogue)
+        names = list(library or cfg.seeds.libraries)
         resolve_names(names, cfg.seeds)
         ref = _reference(reference)
         if out.exists() and not out.is_dir():

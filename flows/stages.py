@@ -54,22 +54,14 @@ class WorkLedger:
 
 @task(name="seeds", cache_policy=NO_CACHE)
 def seeds_stage(run: RunDir, cfg: RunConfig, ledger: WorkLedger) -> list[Task]:
-    from synth import __version__ as synth_version
+    """The validated catalogue of ``seeds.libraries``, extracted once per config and library
+    versions into the user cache and copied to ``<run>/catalogue/``; its seeds are what every
+    composer draws from."""
     from synth.catalog.report import ensure_catalogue
-    from synth.seeds import get_library, seed_tasks
 
-    catalogue_reused = ensure_catalogue(run.root, cfg.seeds)  # <run>/catalogue/: every seed
-    if catalogue_reused is not None:
-        ledger.note("catalogue", catalogue_reused)
-    path = run.work_path("seeds", digest(cfg.seeds.model_dump(mode="json"), synth_version))
-    if path.exists():
-        ledger.note("seeds", True)
-        return read_tasks(path)
-    specs = [spec for name in cfg.seeds.libraries for spec in get_library(name).specs()]
-    seeds = seed_tasks(specs)
-    write_tasks(seeds, path)
-    ledger.note("seeds", False)
-    return seeds
+    reused = ensure_catalogue(run.root, cfg.seeds)
+    ledger.note("seeds", reused)
+    return read_tasks(run.path("catalogue") / "seeds.parquet")
 
 
 @task(name="compose", cache_policy=NO_CACHE)
@@ -120,12 +112,13 @@ def prefilter_stage(
     from ast_dedup.decontam import Decontaminator
     from filters.static_check import StaticCheck
 
-    key = digest(cfg.decontam.model_dump(mode="json"), sorted(t.id for t in tasks))
+    modules = frozenset(cfg.filters.task_modules)
+    key = digest(cfg.decontam.model_dump(mode="json"), sorted(modules), sorted(t.id for t in tasks))
     path = run.work_path("prefilter", key)
     if path.exists():
         ledger.note("prefilter", True)
         return read_verdicts(path)
-    result = apply_filters(tasks, [StaticCheck(), Decontaminator(cfg.decontam)])
+    result = apply_filters(tasks, [StaticCheck(modules), Decontaminator(cfg.decontam)])
     write_verdicts(result.verdicts, path)
     ledger.note("prefilter", False)
     return result.verdicts

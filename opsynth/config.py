@@ -83,12 +83,19 @@ class _Section(BaseModel):
 
 class SeedsConfig(_Section):
     libraries: list[str] = Field(
-        default=["torch"], description="composable seed libraries the composer draws from"
-    )
-    catalogue: list[str] = Field(
         default=["torch", "transformers", "einops"],
-        description="seed libraries whose operators are discovered, run and written as the "
-        "seed catalogue (the seeds stage, `opsynth seeds extract`)",
+        description="seed libraries whose operators are discovered, run and written as the seed "
+        "catalogue (`opsynth seeds extract`), and which the composers draw from",
+    )
+    operators: list[str] = Field(
+        default=[],
+        description="only these operator names (Ops-6K spelling, e.g. nn.Conv2d); [] = all",
+    )
+    cache_dir: str = Field(
+        default="",
+        description="where extracted catalogues are kept across runs, keyed by the seeds config "
+        "and the library versions; empty = $OPSYNTH_CACHE, else ~/.cache/opsynth; 'none' = "
+        "extract into each run only",
     )
     plugins: dict[str, str] = Field(
         default={},
@@ -162,10 +169,27 @@ class ComposeConfig(_Section):
         "transformers = a transformers seed as is); CUDA Agent's Table 3, re-normalised over "
         "the sources the seed set can supply",
     )
+    profile: str = Field(
+        default="ops6k",
+        description="operator frequencies the composers aim for: ops6k = the released set's "
+        "(data/profiles/ops6k.json), uniform = every catalogue operator alike, or a path to a "
+        "profile JSON file of the same format",
+    )
+    profile_floor: float = Field(
+        default=1.0,
+        ge=0,
+        description="weight (in released-task counts) of catalogue operators the profile does "
+        "not name, so every operator of the catalogue can be drawn",
+    )
+    profile_min_weight: float = Field(
+        default=8.0,
+        ge=0,
+        description="least weight of an operator the profile names, so the released set's rare "
+        "operators are drawn often enough to appear in a run of thousands",
+    )
     op_weights: dict[str, float] = Field(
         default={},
-        description="seed op name -> relative draw weight (unlisted ops weigh 1.0); raise a "
-        "rare op's weight to give it more coverage, 0 never draws it",
+        description="seed op name -> multiplier of its profile weight; 0 never draws it",
     )
     oversample: float = Field(
         default=1.3,
@@ -183,26 +207,90 @@ class ComposeConfig(_Section):
         description="draws spent looking for an op sequence not yet drawn in this call before "
         "a repeat with new shapes is accepted (1-op sequences run out fast)",
     )
-    shape_attempts: int = Field(
-        default=4, ge=1, description="input shapes tried per op sequence before redrawing ops"
-    )
     feature_sizes: tuple[int, ...] = Field(
-        default=(64, 128, 256, 512, 1024, 2048),
-        description="feature/last-dim sizes (input features, Linear out_features)",
+        default=(64, 128, 256, 512, 1024),
+        description="last-dim sizes of 2-D and 3-D inputs, and sizes for Linear out_features, "
+        "hidden sizes and embedding dims",
     )
     seq_lens: tuple[int, ...] = Field(
-        default=(16, 32, 64, 128, 256), description="middle-dim sizes of 3-D inputs"
+        default=(16, 32, 64, 128), description="middle-dim sizes of 3-D inputs"
     )
     channel_sizes: tuple[int, ...] = Field(
-        default=(3, 8, 16, 32, 64), description="channels of 4-D inputs and Conv2d out_channels"
+        default=(3, 8, 16, 32, 64), description="channels of 4-D/5-D inputs and conv out_channels"
     )
     spatial_sizes: tuple[int, ...] = Field(
-        default=(16, 32, 64, 128), description="height/width of 4-D inputs"
+        default=(16, 32, 64), description="height/width of 4-D inputs"
+    )
+    volume_sizes: tuple[int, ...] = Field(
+        default=(8, 16), description="depth/height/width of 5-D inputs"
+    )
+    rank_weights: dict[int, float] = Field(
+        default={1: 0.03, 2: 0.09, 3: 0.29, 4: 0.54, 5: 0.05},
+        description="input rank -> relative weight, among the ranks a chain's first operator "
+        "accepts",
+    )
+    probe_rank_bonus: float = Field(
+        default=2.0,
+        ge=1,
+        description="rank_weights multiplier for the rank a seed was validated at (a Conv2d's "
+        "4-D input rather than its unbatched 3-D one)",
+    )
+    rebind_limit: int = Field(
+        default=200,
+        ge=1,
+        description="argument sets derived per operator and input shape (cheap: only "
+        "solve_attempts of them are run on meta, those of the validated form first)",
+    )
+    max_vector_length: int = Field(
+        default=1 << 24, ge=2, description="longest rank-1 input the cost model may pick"
+    )
+    solve_attempts: int = Field(
+        default=4, ge=1, description="argument sets tried per operator before the chain is redrawn"
+    )
+    chunk_size: int = Field(
+        default=250,
+        ge=1,
+        description="candidates composed per chunk; each chunk has its own RNG, so the "
+        "candidates do not depend on how many processes composed them",
+    )
+    workers: int = Field(default=0, ge=0, description="compose processes; 0 = host cores")
+    link_draws: int = Field(
+        default=6,
+        ge=1,
+        description="operators drawn for each later position of a chain (among those whose "
+        "recorded ranks and input dtype fit the running tensor) before the chain is redrawn",
+    )
+    variation_attempts: int = Field(
+        default=1,
+        ge=0,
+        description="random variations of free sizes and attributes (out_features, kernel_size, "
+        "dim, reduction...) tried before an operator's derived values",
+    )
+    tuple_output_share: float = Field(
+        default=0.08,
+        ge=0,
+        le=1,
+        description="share of chains that end on an operator returning a tuple (topk, LSTM, "
+        "max(dim)) and return all of it; elsewhere such an operator continues on one element",
+    )
+    int_input_share: float = Field(
+        default=0.08,
+        ge=0,
+        le=1,
+        description="chance that a chain's first operator is tried with integer or boolean "
+        "inputs first (an index, a mask, integer operands), where it takes them",
+    )
+    multi_input_share: float = Field(
+        default=0.3,
+        ge=0,
+        le=1,
+        description="chance that a later operator may take another batch-sized input (x + y) "
+        "as readily as a batch-free operand, which the task holds as a parameter",
     )
     batch_range: tuple[int, int] = Field(
-        default=(2, 4096),
-        description="batch sizes the cost model may pick; 2+ keeps BatchNorm's training-mode "
-        "statistics defined",
+        default=(2, 65536),
+        description="batch sizes the cost model may pick (for a rank-1 input, its length); 2+ "
+        "keeps BatchNorm's training-mode statistics defined",
     )
     target_forward_ms: float = Field(
         default=5.0,
@@ -238,14 +326,19 @@ class ComposeConfig(_Section):
         default=6.0,
         gt=0,
         description="cost model: ms per 1e9 multiply-adds of nn.Linear (measured 4-7 on an idle "
-        "2-core CPU, fp32); other layers scale it by their spec's mac_work",
+        "2-core CPU, fp32), for every matmul and convolution the chain calls",
     )
-    min_spread: float = Field(
+    distinct_rtol: float = Field(
+        default=1e-3,
+        gt=0,
+        description="on the composer's sample run, outputs of two input draws (and of each "
+        "input changed alone) must differ by more than this, relative (filters.distinct_rtol)",
+    )
+    trivial_tolerance: float = Field(
         default=1e-2,
         gt=0,
-        lt=1,
-        description="smallest input-driven std, relative to the values' rms, allowed after any "
-        "op; below the evaluator's rtol (1e-2) a kernel ignoring its input could pass",
+        description="on the sample run, an output that all zeros or its mean match within this "
+        "atol and rtol is refused (the evaluator's tolerance, filters.compile_atol)",
     )
     max_rms: float = Field(
         default=1e4,
@@ -272,6 +365,11 @@ class ComposeConfig(_Section):
 
 
 class FiltersConfig(_Section):
+    task_modules: list[str] = Field(
+        default=["einops"],
+        description="modules a task may import besides torch and a few pure standard ones: the "
+        "seed libraries whose operators composed tasks call",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto = cuda when available, else cpu"
     )
@@ -561,10 +659,10 @@ class DedupConfig(_Section):
         default=128, ge=16, le=1024, description="MinHash permutations (LSH candidate recall)"
     )
     structural: bool = Field(
-        default=False,
+        default=True,
         description=(
             "drop tasks whose forward dataflow graph repeats (same operators and wiring, other "
-            "sizes); off: those are distinct kernels, and ~9% of Ops-6K rows share a graph"
+            "sizes), so a regenerated set does not spend its rows on one kernel at many sizes"
         ),
     )
     wl_iterations: int = Field(

@@ -1,30 +1,39 @@
-"""The offline composer: chains of seed operators, sized and rendered, never executed.
+"""The offline composer: chains of catalogue operators, solved, checked and rendered.
 
 For each wanted task it draws a data source from ``cfg.mix`` (``synth.sampling``): for
-``torch#k`` it draws k seeds by weight, preferring op sequences not produced before (in
-earlier rounds, passed as ``produced``, or in this call), and solves the chain's arguments and
-shapes on the ``meta`` device (``synth.shapes``); for ``transformers`` it passes an unused
-transformers seed through as is. Draws that would be degenerate (an identity, a constant
-output, an overflow, an op another op erases) are refused by the seeds' value rules and
-redrawn. Everything is driven by one RNG seeded from ``(cfg.seed, round_index)``, so the same
-inputs always give the same tasks.
+``torch#k`` it draws k catalogue seeds by weight, preferring op sequences not produced before,
+solves their arguments and shapes on the ``meta`` device (``synth.solve``), fits the batch to
+the cost read off the chain (``synth.cost``), and runs the chain once on a small CPU sample to
+refuse degenerate values (``synth.degenerate``); for ``transformers`` it passes an unused
+transformers seed through as is. Everything is driven by one RNG seeded from
+``(cfg.seed, round_index)``, so the same seeds and config always give the same tasks.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import multiprocessing
+import os
 import random
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+
+import torch
 
 import synth
 from opsynth.config import ComposeConfig
 from opsynth.record import Task
-from synth.render import render_task
+from synth.catalog.serialize import spec_from_json
+from synth.chain import Chain, build_callables, draw_inputs, execute
+from synth.cost import fit_batch, measure
+from synth.degenerate import Degenerate, check_sample
+from synth.emit import render_task
 from synth.sampling import TRANSFORMERS, Sampler, chain_length, split_seeds
-from synth.seeds import spec_of
-from synth.shapes import solve_chain
-from synth.spec import Degenerate, SeedSpec
+from synth.solve import VECTOR_BATCH, Seed, Solver, rebatch
 
 COMPOSER = "offline"
 COMPOSER_VERSION = synth.__version__
@@ -40,7 +49,12 @@ def compose(
     config_hash: str = "",
     produced: Iterable[Sequence[str]] = (),
 ) -> list[Task]:
-    """n distinct composed tasks from seed tasks (as made by ``synth.seeds.seed_tasks``).
+    """n distinct composed tasks from catalogue seed tasks (``seeds.parquet`` rows).
+
+    The wanted sources are cut into chunks of ``cfg.chunk_size``, each composed with its own
+    RNG (so the result does not depend on how many processes ran them) in up to
+    ``cfg.workers`` processes; a task or op sequence two chunks both made is kept once and
+    replaced by a draw that knows every chunk's sequences.
 
     Raises ValueError for unusable seeds or mix, and RuntimeError if ``cfg.max_attempts``
     draws cannot produce a new valid chain of some drawn length.
@@ -49,9 +63,59 @@ def compose(
         raise ValueError(f"compose needs n >= 0, got {n}")
     if not seeds:
         raise ValueError("compose needs at least one seed task")
-    drawer = _Drawer(seeds, cfg, round_index, config_hash, produced)
-    tasks = [drawer.draw(source) for source in drawer.sampler.sources(n)]
-    log.debug("composed %d tasks; rejected draws: %s", n, dict(drawer.rejected))
+    produced = [tuple(ops) for ops in produced]
+    sources = _Drawer(seeds, cfg, round_index, config_hash, produced).sampler.sources(n)
+    chunks = [sources[i : i + cfg.chunk_size] for i in range(0, n, cfg.chunk_size)]
+    jobs = [
+        (seeds, cfg, round_index, config_hash, produced, c, part) for c, part in enumerate(chunks)
+    ]
+    workers = min(len(jobs), cfg.workers or os.cpu_count() or 1)
+    if workers > 1:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            results = list(pool.map(_compose_chunk, jobs))
+    else:
+        results = [_compose_chunk(job) for job in jobs]
+    tasks: list[Task] = []
+    seen_ids: set[str] = set()
+    seen_ops: set[tuple[str, ...]] = set(produced)
+    redraw: list[str] = []
+    for chunk in results:
+        for task in chunk:
+            standalone = task.meta.get("standalone", False)
+            if task.id in seen_ids or (not standalone and tuple(task.ops) in seen_ops):
+                redraw.append(task.data_source)
+                continue
+            seen_ids.add(task.id)
+            seen_ops.add(tuple(task.ops))
+            tasks.append(task)
+    for attempt in range(3):  # a redraw can again meet a task made elsewhere; rarely twice
+        if not redraw:
+            break
+        job = (seeds, cfg, round_index, config_hash, sorted(seen_ops), f"redraw{attempt}", redraw)
+        redraw = []
+        for task in _compose_chunk(job):
+            if task.id in seen_ids:
+                redraw.append(task.data_source)
+                continue
+            seen_ids.add(task.id)
+            seen_ops.add(tuple(task.ops))
+            tasks.append(task)
+    return tasks
+
+
+def _compose_chunk(job: tuple) -> list[Task]:
+    seeds, cfg, round_index, config_hash, produced, chunk, sources = job
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the sample checks' sums then do not depend on the host
+    try:
+        with warnings.catch_warnings():  # operators' own warnings on sample values
+            warnings.simplefilter("ignore")
+            drawer = _Drawer(seeds, cfg, round_index, config_hash, produced, chunk=chunk)
+            tasks = [drawer.draw(source) for source in sources]
+    finally:
+        torch.set_num_threads(threads)
+    log.debug("chunk %s: %d tasks; rejected draws: %s", chunk, len(tasks), dict(drawer.rejected))
     return tasks
 
 
@@ -65,8 +129,26 @@ def standalone_task(seed: Task, composer: str, config_hash: str, meta: dict) -> 
         composer=composer,
         composer_version=COMPOSER_VERSION,
         config_hash=config_hash,
-        meta={**meta, "standalone": True, "adapters": []},
+        meta={**meta, "standalone": True},
     )
+
+
+def composable(seed: Task) -> Seed | None:
+    """The solver's view of a catalogue seed; None for seeds without a usable spec (stochastic
+    or in-place operators, or seed rows written before specs were recorded)."""
+    info = seed.meta.get("seed") or {}
+    if "spec" not in info or {"stochastic", "inplace"} & set(info.get("flags", [])):
+        return None
+    ranks = tuple(sorted(int(r) for r in (info.get("ranks") or {}))) or (
+        (len(info["input_shapes"][0]),) if info.get("input_shapes") else ()
+    )
+    spec = spec_from_json(info["spec"])
+    main = next((a for a in spec.args if a.tensor), None)
+    dtypes = frozenset(a.dtype for a in spec.args if a.tensor)
+    returns_tuple = len(info.get("output_shapes") or []) > 1
+    main_dtype = main.dtype if main is not None else ""
+    probe_rank = int(info.get("probe_rank") or 0)
+    return Seed(seed.id, spec, ranks, main_dtype, dtypes, returns_tuple, probe_rank)
 
 
 class _Drawer:
@@ -79,17 +161,22 @@ class _Drawer:
         round_index: int,
         config_hash: str,
         produced: Iterable[Sequence[str]],
+        chunk: int | str = 0,
     ) -> None:
         chainable, standalone = split_seeds(seeds)
-        self.seeds = chainable
-        self.specs: list[SeedSpec] = [spec_of(task) for task in chainable]
+        usable = [(task, composable(task)) for task in chainable]
+        usable = [(task, seed) for task, seed in usable if seed is not None and seed.ranks]
+        self.seeds = [seed for _, seed in usable]
         self.cfg = cfg
         self.round_index = round_index
         self.config_hash = config_hash
-        self.rng = random.Random(f"opsynth.compose:{cfg.seed}:{round_index}")
-        self.sampler = Sampler(chainable, standalone, cfg, self.rng, produced)
+        self.rng = random.Random(f"opsynth.compose:{cfg.seed}:{round_index}:{chunk}")
+        self.sampler = Sampler([t for t, _ in usable], standalone, cfg, self.rng, produced)
+        self.solver = Solver(cfg, self.rng)
         self.seen_ids: set[str] = set()
         self.rejected: Counter[str] = Counter()
+        self.index = {seed.id: i for i, seed in enumerate(self.seeds)}
+        self._fits: dict[tuple[int, str], list[int]] = {}
 
     def draw(self, source: str) -> Task:
         if source == TRANSFORMERS:
@@ -102,34 +189,123 @@ class _Drawer:
             source = self.sampler.fallback_source()
         return self.draw_chain(chain_length(source))
 
+    def _rank(self, seed: Seed) -> int:
+        weights = self.cfg.rank_weights
+        ranks = [r for r in seed.ranks if weights.get(r, 0) > 0] or list(seed.ranks)
+        bonus = self.cfg.probe_rank_bonus
+        odds = [(weights.get(r, 0) or 1) * (bonus if r == seed.probe_rank else 1) for r in ranks]
+        return self.rng.choices(ranks, weights=odds)[0]
+
+    def _compatible(self, rank: int, dtype: str, tuples: bool = False) -> list[int]:
+        """Seeds that can take a running tensor of this rank and dtype (by the ranks and
+        tensor dtypes their validation recorded); only tuple-returning ones with ``tuples``."""
+        key = (rank, dtype, tuples)
+        if key not in self._fits:
+            self._fits[key] = [
+                i
+                for i, seed in enumerate(self.seeds)
+                if rank in seed.ranks
+                and dtype in seed.dtypes
+                and (seed.returns_tuple or not tuples)
+            ]
+        return self._fits[key]
+
+    def _propose(self, first: int, k: int, tuple_end: bool):
+        draws = self.cfg.link_draws
+
+        def propose(position: int, rank: int, dtype: str):
+            if position == 0:
+                yield self.seeds[first]
+                return
+            fits = self._compatible(rank, dtype, tuple_end and position == k - 1)
+            for _ in range(draws):
+                i = self.sampler.pick_among(fits)
+                if i is None:
+                    return
+                yield self.seeds[i]
+
+        return propose
+
     def draw_chain(self, k: int) -> Task:
-        cfg, specs = self.cfg, self.specs
+        cfg = self.cfg
+        tuples = [i for i, seed in enumerate(self.seeds) if seed.returns_tuple]
         for attempt in range(cfg.max_attempts):
-            picks, ops = self.sampler.pick(k)
+            tuple_end = bool(tuples) and self.rng.random() < cfg.tuple_output_share
+            first = self.sampler.pick_among(tuples) if tuple_end and k == 1 else None
+            if first is None:  # no tuple end wanted, or none of those seeds may be drawn
+                tuple_end = tuple_end and k > 1
+                first = self.sampler.pick_among(range(len(self.seeds)))
+            if first is None:
+                break
+            try:
+                propose = self._propose(first, k, tuple_end)
+                chain = self.solver.grow(k, self._rank(self.seeds[first]), propose)
+            except Degenerate as exc:
+                self.rejected[exc.reason] += 1
+                continue
+            ops = chain.ops
             novel = self.sampler.is_new(ops)
             if not novel and attempt < cfg.novelty_attempts:
                 self.rejected["seen_ops"] += 1
                 continue
             try:
-                chain = solve_chain([specs[i] for i in picks], self.rng, cfg)
+                chain = self._finish(chain, tuple_end)
             except Degenerate as exc:
                 self.rejected[exc.reason] += 1
                 continue
-            task = render_task(
-                chain,
-                seed_ids=[self.seeds[i].id for i in picks],
-                composer=COMPOSER,
-                composer_version=COMPOSER_VERSION,
-                config_hash=self.config_hash,
-                meta={"novel_ops": novel, "attempts": attempt + 1, "round": self.round_index},
-            )
+            meta = {"novel_ops": novel, "attempts": attempt + 1, "round": self.round_index}
+            task = self._render(chain, meta)
             if task.id in self.seen_ids:
                 self.rejected["duplicate"] += 1
                 continue
-            self.sampler.mark(ops)
+            self.sampler.mark(ops, [self.index[link.seed_id] for link in chain.links])
             self.seen_ids.add(task.id)
             return task
         raise RuntimeError(
             f"compose: no new valid {k}-op chain in {cfg.max_attempts} draws "
             f"(rejections: {dict(self.rejected)}); add seeds or raise compose.max_attempts"
+        )
+
+    def _finish(self, chain: Chain, tuple_end: bool) -> Chain:
+        """Decide a tuple return, read the cost off the chain on meta (refusing what would
+        not fit in memory even at the sample's batch), check the values on the sample, then
+        fit the batch."""
+        if tuple_end and chain.links[-1].pick:
+            chain = replace(chain, returns_tuple=True)
+        cfg = self.cfg
+        inputs = draw_inputs(chain, "meta")
+        callables = build_callables(chain.links, "meta")
+        try:
+            cost = measure(lambda: execute(chain, callables, inputs))
+        except Exception as exc:  # an op whose meta kernel differs from its shape rule
+            raise Degenerate("shape", f"{type(exc).__name__}: {str(exc)[:160]}") from exc
+        largest_input = max(
+            (math.prod(a.shape) / 1e6 for a in chain.input_specs().values()), default=0.0
+        )
+        if largest_input > cfg.max_input_melems or cost.largest_melems > cfg.max_tensor_melems:
+            raise Degenerate("memory", "tensors too large even at the sample's batch")
+        check_sample(chain, cfg)
+        if chain.batch == VECTOR_BATCH:  # a rank-1 input: its length is the batch
+            cfg = cfg.model_copy(
+                update={"batch_range": (cfg.batch_range[0], cfg.max_vector_length)}
+            )
+        batch = fit_batch(cost, largest_input, chain.batch, cfg)
+        scale = batch / chain.batch
+        est_ms = cost.ms(cfg) * scale
+        low, high = cfg.forward_window_ms
+        if largest_input * scale > cfg.max_input_melems * 1.01:
+            raise Degenerate("memory", f"inputs too large even at batch {batch}")
+        if cost.largest_melems * scale > cfg.max_tensor_melems * 1.01:
+            raise Degenerate("memory", f"tensors too large even at batch {batch}")
+        if not low <= est_ms <= high:
+            raise Degenerate("runtime", f"estimated {est_ms:.3g} ms at batch {batch}")
+        return rebatch(chain, batch)
+
+    def _render(self, chain: Chain, meta: dict) -> Task:
+        return render_task(
+            chain,
+            composer=COMPOSER,
+            composer_version=COMPOSER_VERSION,
+            config_hash=self.config_hash,
+            meta=meta,
         )

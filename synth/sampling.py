@@ -5,9 +5,16 @@ Both composers (offline and LLM) sample through this module, so the released Ops
 the per-op weights mean the same thing whichever writes the code; and the mix can be checked
 over thousands of draws without solving or asking for a single chain.
 
-Op sequences already produced (earlier rounds of a run, earlier draws of this call) are
-avoided for ``cfg.novelty_attempts`` draws before a repeat is allowed, so a run spreads over
-the op space instead of re-asking for the same combination.
+Op weights come from ``compose.profile``: ``ops6k`` (the default) weighs each catalogue
+operator by how many released tasks use it, moves the share of released names the catalogue
+lacks to the catalogue operators of the same category (``opsynth.taxonomy``), and gives every
+other catalogue operator ``compose.profile_floor`` so the whole catalogue is reachable;
+``uniform`` weighs all alike; a path names a profile file of the same format. Operators that
+fail to solve more often than others would drift below their share, so each draw's weight is
+scaled by how far the operator is behind its target share (at most ``MAX_BOOST``-fold).
+
+An op sequence already produced (earlier rounds, earlier draws of this call) is redrawn up to
+``compose.novelty_attempts`` times, so no sequence repeats while unseen ones remain.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from opsynth.record import Task
 
 TRANSFORMERS = "transformers"
 _TORCH_KEY = re.compile(r"torch#([1-9][0-9]*)")
+MAX_BOOST = 8.0
+CATEGORY_BOOST = 16.0
+REWEIGH_EVERY = 8
 log = logging.getLogger(__name__)
 
 
@@ -72,11 +82,67 @@ def effective_mix(
     return {source: weight / total for source, weight in ordered}
 
 
+def profile_weights(names: Sequence[str], cfg: ComposeConfig) -> list[float]:
+    """The base draw weight of each name under ``cfg.profile`` and ``cfg.op_weights``."""
+    from opsynth.profile import load_profile
+    from opsynth.taxonomy import category
+
+    profile = load_profile(cfg.profile)
+    if profile is None:
+        weights = [1.0] * len(names)
+    else:
+        present = set(names)
+        counts = {n: float(c) for n, c in profile.ops.items() if n in present}
+        missing: dict[str, float] = {}
+        for name, count in profile.ops.items():
+            if name not in present:
+                missing[category(name)] = missing.get(category(name), 0.0) + count
+        by_category: dict[str, list[str]] = {}
+        for name in dict.fromkeys(names):
+            by_category.setdefault(category(name), []).append(name)
+        for cat, mass in missing.items():
+            # to the category's profiled operators in proportion; the uncategorised share
+            # (containers, factories) to every catalogue operator outside the categories
+            members = [n for n in by_category.get(cat, []) if n in counts and cat != "other"]
+            if members:
+                total = sum(counts[n] for n in members)
+                for n in members:
+                    counts[n] += mass * counts[n] / total
+            else:
+                for n in by_category.get(cat, []):
+                    counts[n] = counts.get(n, 0.0) + mass / len(by_category[cat])
+        floor, named = cfg.profile_floor, cfg.profile_min_weight
+        weights = [max(counts[n], named) if n in counts else floor for n in names]
+    return [w * cfg.op_weights.get(n, 1.0) for w, n in zip(weights, names, strict=True)]
+
+
+def _behind(target: float, got: int) -> float:
+    """How strongly to favour a category: target over produced to the fifth power, so a
+    category a few points off its share is pulled back within a few hundred tasks."""
+    return ((target + 1) / (got + 1)) ** 5
+
+
+def _category_targets(names: Sequence[str], cfg: ComposeConfig):
+    """The profile's share of tasks per category (empty without a profile), and each name's
+    category."""
+    from opsynth.profile import load_profile
+    from opsynth.taxonomy import category
+
+    profile = load_profile(cfg.profile)
+    categories = [category(n) for n in names]
+    if profile is None:
+        return {}, categories
+    present = set(categories)
+    return {
+        c: t for c, t in profile.categories.items() if c in present and c != "other"
+    }, categories
+
+
 class Sampler:
     """Seeded draws of sources and op sequences over one seed set.
 
-    ``chainable`` are the seeds ops are drawn from (by ``cfg.op_weights``, default 1.0 each),
-    ``standalone`` the transformers seeds; ``produced`` the op sequences made before this call.
+    ``chainable`` are the seeds ops are drawn from, ``standalone`` the transformers seeds;
+    ``produced`` the op sequences made before this call.
     """
 
     def __init__(
@@ -90,9 +156,16 @@ class Sampler:
         self.chainable, self.standalone = list(chainable), list(standalone)
         self.cfg, self.rng = cfg, rng
         self.names = [seed_name(s) for s in self.chainable]
-        self.weights = [cfg.op_weights.get(name, 1.0) for name in self.names]
-        has_chains = sum(self.weights) > 0
-        self.mix = effective_mix(cfg.mix, chains=has_chains, standalone=bool(self.standalone))
+        self.base = profile_weights(self.names, cfg) if self.names else []
+        total = sum(self.base)
+        self.share = [w / total for w in self.base] if total > 0 else []
+        self.got = [0] * len(self.names)
+        self.picked = 0
+        self.category_target, self.categories = _category_targets(self.names, cfg)
+        self.category_got: dict[str, int] = {}
+        self.tasks_marked = 0
+        self.weights = list(self.base)
+        self.mix = effective_mix(cfg.mix, chains=total > 0, standalone=bool(self.standalone))
         self.produced: set[tuple[str, ...]] = {tuple(ops) for ops in produced}
         unknown = sorted(set(cfg.op_weights) - set(self.names))
         if unknown:
@@ -119,6 +192,13 @@ class Sampler:
         picks = self.rng.choices(range(len(self.names)), weights=self.weights, k=k)
         return picks, tuple(self.names[i] for i in picks)
 
+    def pick_among(self, indices: Sequence[int]) -> int | None:
+        """One index of ``indices`` drawn by weight; None when none has weight."""
+        weights = [self.weights[i] for i in indices]
+        if not indices or sum(weights) <= 0:
+            return None
+        return self.rng.choices(indices, weights=weights)[0]
+
     def pick_novel(self, k: int) -> tuple[list[int], tuple[str, ...], bool]:
         """Like ``pick`` but redrawn up to ``cfg.novelty_attempts`` times while the sequence
         was already produced; the flag says whether the result is new."""
@@ -132,8 +212,34 @@ class Sampler:
     def is_new(self, ops: Sequence[str]) -> bool:
         return tuple(ops) not in self.produced
 
-    def mark(self, ops: Sequence[str]) -> None:
+    def mark(self, ops: Sequence[str], picks: Sequence[int] = ()) -> None:
+        """Record a produced sequence (and, given its seed indices, their share so far)."""
         self.produced.add(tuple(ops))
+        if picks:
+            self.tasks_marked += 1
+            for category in {self.categories[i] for i in picks}:
+                self.category_got[category] = self.category_got.get(category, 0) + 1
+        for i in picks:
+            self.got[i] += 1
+            self.picked += 1
+            if self.picked % REWEIGH_EVERY == 0:
+                self._reweigh()
+
+    def _reweigh(self) -> None:
+        """Scale each operator by how far it and its category are behind their targets."""
+        total, tasks = self.picked, self.tasks_marked
+        factor = {
+            c: min(
+                MAX_BOOST, max(1 / MAX_BOOST, (t * tasks + 1) / (self.category_got.get(c, 0) + 1))
+            )
+            for c, t in self.category_target.items()
+        }
+        self.weights = [
+            base * min(MAX_BOOST, (share * total + 1) / (got + 1)) * factor.get(category, 1.0)
+            for base, share, got, category in zip(
+                self.base, self.share, self.got, self.categories, strict=True
+            )
+        ]
 
     def standalone_seed(self) -> Task | None:
         """A transformers seed not yet produced (drawn uniformly), or None when all are."""

@@ -222,12 +222,12 @@ def test_near_duplicates_and_switch():
     assert len({v.measures["near_cluster"] for v in on.verdicts}) == 1
     for v in on.verdicts:
         assert v.measures["near_jaccard"] >= 0.85
-    off = dedup(tasks, DedupConfig(near=False, workers=1))
+    off = dedup(tasks, DedupConfig(near=False, structural=False, workers=1))
     assert off.counts["kept"] == 4
     assert "near_cluster" not in off.verdicts[0].measures
 
 
-def test_structural_duplicates_are_off_by_default():
+def test_structural_duplicates_are_dropped_by_default():
     other = (
         BASE.replace("in_features = 64", "in_features = 512")
         .replace("out_features = 32", "out_features = 1024")
@@ -237,7 +237,8 @@ def test_structural_duplicates_are_off_by_default():
         .replace("self.linear", "self.proj")
     )
     tasks = [task(BASE), task(other)]
-    assert dedup(tasks, DedupConfig(workers=1)).counts["kept"] == 2
+    assert dedup(tasks, DedupConfig(structural=False, workers=1)).counts["kept"] == 2
+    assert dedup(tasks, DedupConfig(workers=1)).counts["kept"] == 1
     on = dedup(tasks, DedupConfig(structural=True, near=False, workers=1))
     assert on.counts == {"input": 2, "kept": 1, f"dropped_{STRUCTURAL}": 1}
     assert len({v.measures["structural_cluster"] for v in on.verdicts}) == 1
@@ -327,7 +328,7 @@ def test_ops6k_exact_duplicates():
         )
         for r in rows
     ]
-    result = dedup(tasks, DedupConfig(near=False, workers=1))
+    result = dedup(tasks, DedupConfig(near=False, structural=False, workers=1))
     normalised_dups = result.counts[f"dropped_{EXACT}"]
     print(
         f"Ops-6K: 352 identical strings, {normalised_dups} normalised exact duplicates; "

@@ -11,8 +11,7 @@ from evaluator.reward import Score, metrics, reward
 from evaluator.score import score_pairs
 from evaluator.solution import SolutionError, load_solution
 from evaluator.tasks import reference_solution
-from opsynth.config import ComposeConfig, EvalConfig, FiltersConfig
-from synth.seeds import get_library, seed_tasks
+from opsynth.config import EvalConfig, FiltersConfig
 from tests.evaluator_cases import HACKS, HONEST, REFERENCE, RUNTIME_HACKS, task
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
@@ -70,10 +69,11 @@ def test_solution_directory_layout(tmp_path: Path) -> None:
         load_solution(tmp_path / "kernels")
 
 
-def test_the_reference_as_its_own_solution_scores_1_on_every_seed_task() -> None:
-    """Harness sanity on CPU (the correctness path): every torch seed task, its own Model
-    renamed ModelNew, scored leniently (its torch ops are flagged, not blocked)."""
-    tasks = seed_tasks(get_library("torch").specs(), ComposeConfig())
+def test_the_reference_as_its_own_solution_scores_1_on_every_seed_task(catalogue_seeds) -> None:
+    """Harness sanity on CPU (the correctness path): every catalogue seed task of the test
+    set, its own Model renamed ModelNew, scored leniently (its torch ops are flagged, not
+    blocked)."""
+    tasks = catalogue_seeds
     pairs = [(t, reference_solution(t)) for t in tasks]
     scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu")
     assert len(scores) == len(tasks) >= 20

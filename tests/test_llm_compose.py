@@ -26,9 +26,7 @@ from opsynth.record import Task
 from synth.composers import run_composer, summary
 from synth.llm import prompts
 from synth.llm.parse import Rejected, parse_reply
-from synth.seeds import get_library, seed_tasks
 
-SEEDS = seed_tasks(get_library("torch").specs())
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
 
 GOOD_BODY = """\
@@ -183,15 +181,21 @@ def config(url: str, **llm: object) -> ComposeConfig:
     return ComposeConfig(composer="llm", mix={"torch#2": 1.0}, llm=LlmConfig(**values))
 
 
-def run(cfg: ComposeConfig, tmp_path: Path, n: int = 1, **kwargs: object):
-    return run_composer(SEEDS, cfg, n, cache_dir=tmp_path / "cache", **kwargs)
+@pytest.fixture
+def run(catalogue_seeds):
+    """Compose from the session's catalogue seeds with a reply cache under ``tmp_path``."""
+
+    def compose(cfg: ComposeConfig, tmp_path: Path, n: int = 1, **kwargs: object):
+        return run_composer(catalogue_seeds, cfg, n, cache_dir=tmp_path / "cache", **kwargs)
+
+    return compose
 
 
 def reasons(result) -> list[str]:
     return [v.reason for v in result.verdicts]
 
 
-def test_valid_fenced_reply_becomes_a_task_with_provenance(serve, tmp_path):
+def test_valid_fenced_reply_becomes_a_task_with_provenance(serve, tmp_path, run):
     server = serve(lambda req, n: fenced(sampled_ops(req)))
     result = run(config(server.url), tmp_path, n=3, config_hash="cafe")
     assert reasons(result) == ["ok"] * 3 and result.complete
@@ -212,7 +216,7 @@ def test_valid_fenced_reply_becomes_a_task_with_provenance(serve, tmp_path):
     assert "KernelBench" in request["messages"][0]["content"]
 
 
-def test_429_then_success_is_retried(serve, tmp_path):
+def test_429_then_success_is_retried(serve, tmp_path, run):
     server = serve(
         lambda req, n: (
             error(429, "slow down", **{"Retry-After": "0"}) if n == 1 else fenced(sampled_ops(req))
@@ -223,14 +227,14 @@ def test_429_then_success_is_retried(serve, tmp_path):
     assert result.verdicts[0].measures["retries"] == 1 and len(server.calls) == 2
 
 
-def test_5xx_until_retries_are_spent(serve, tmp_path):
+def test_5xx_until_retries_are_spent(serve, tmp_path, run):
     server = serve(lambda req, n: error(503, "overloaded"))
     result = run(config(server.url, max_retries=2), tmp_path)
     assert reasons(result) == ["llm_server_error"] and not result.complete
     assert len(server.calls) == 3 and "503" in result.verdicts[0].detail
 
 
-def test_timeout(serve, tmp_path):
+def test_timeout(serve, tmp_path, run):
     server = serve(lambda req, n: fenced(sampled_ops(req))[:3] + (3.0,))
     start = time.monotonic()
     result = run(config(server.url, timeout_s=0.3, max_retries=1), tmp_path)
@@ -238,13 +242,13 @@ def test_timeout(serve, tmp_path):
     assert len(server.calls) == 2 and time.monotonic() - start < 5
 
 
-def test_malformed_json(serve, tmp_path):
+def test_malformed_json(serve, tmp_path, run):
     server = serve(lambda req, n: (200, {"Content-Type": "application/json"}, b"{not json", 0.0))
     result = run(config(server.url), tmp_path)
     assert reasons(result) == ["llm_bad_response"]
 
 
-def test_reply_without_choices(serve, tmp_path):
+def test_reply_without_choices(serve, tmp_path, run):
     body = json.dumps({"id": "x", "object": "chat.completion", "choices": []}).encode()
     server = serve(lambda req, n: (200, {"Content-Type": "application/json"}, body, 0.0))
     assert reasons(run(config(server.url), tmp_path)) == ["llm_bad_response"]
@@ -271,7 +275,7 @@ def test_reply_without_choices(serve, tmp_path):
         ),
     ],
 )
-def test_bad_replies_get_a_reason(serve, tmp_path, reply, reason):
+def test_bad_replies_get_a_reason(serve, tmp_path, reply, reason, run):
     server = serve(lambda req, n: reply(sampled_ops(req)))
     result = run(config(server.url), tmp_path)
     assert reasons(result) == [reason] and result.complete
@@ -280,7 +284,7 @@ def test_bad_replies_get_a_reason(serve, tmp_path, reply, reason):
     assert rows == [{"stage": "compose", "entered": 1, "passed": 0, "reasons": {reason: 1}}]
 
 
-def test_bad_key_fails_fast_and_names_the_variable(serve, tmp_path, monkeypatch):
+def test_bad_key_fails_fast_and_names_the_variable(serve, tmp_path, monkeypatch, run):
     monkeypatch.delenv("OPSYNTH_TEST_KEY", raising=False)
     server = serve(lambda req, n: error(401, "invalid api key"))
     result = run(config(server.url, concurrency=1), tmp_path, n=4)
@@ -290,14 +294,14 @@ def test_bad_key_fails_fast_and_names_the_variable(serve, tmp_path, monkeypatch)
     assert "not sent" in result.verdicts[1].detail
 
 
-def test_key_comes_from_the_named_variable(serve, tmp_path, monkeypatch):
+def test_key_comes_from_the_named_variable(serve, tmp_path, monkeypatch, run):
     monkeypatch.setenv("OPSYNTH_TEST_KEY", "sk-test-123")
     server = serve(lambda req, n: fenced(sampled_ops(req)))
     run(config(server.url), tmp_path)
     assert server.keys == ["Bearer sk-test-123"]
 
 
-def test_unreachable_server(tmp_path):
+def test_unreachable_server(tmp_path, run):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed once the block ends: nothing listens there
@@ -307,7 +311,7 @@ def test_unreachable_server(tmp_path):
     assert len({t.id for t in result.tasks}) == 3
 
 
-def test_cache_answers_a_rerun_without_a_request(serve, tmp_path):
+def test_cache_answers_a_rerun_without_a_request(serve, tmp_path, run):
     server = serve(lambda req, n: fenced(sampled_ops(req)))
     cfg = config(server.url)
     first = run(cfg, tmp_path, n=4)
@@ -321,7 +325,7 @@ def test_cache_answers_a_rerun_without_a_request(serve, tmp_path):
     assert len(server.calls) == 5 and other.tasks[0].id not in {t.id for t in first.tasks}
 
 
-def test_failed_requests_are_not_cached(serve, tmp_path):
+def test_failed_requests_are_not_cached(serve, tmp_path, run):
     state = {"up": False}
     server = serve(lambda req, n: fenced(sampled_ops(req)) if state["up"] else error(500, "down"))
     cfg = config(server.url, max_retries=0)
@@ -330,7 +334,7 @@ def test_failed_requests_are_not_cached(serve, tmp_path):
     assert reasons(run(cfg, tmp_path, n=2)) == ["ok", "ok"]
 
 
-def test_requests_run_concurrently_and_results_keep_plan_order(serve, tmp_path):
+def test_requests_run_concurrently_and_results_keep_plan_order(serve, tmp_path, run):
     active, peak = [0], [0]
     lock = threading.Lock()
 
@@ -352,14 +356,14 @@ def test_requests_run_concurrently_and_results_keep_plan_order(serve, tmp_path):
     assert [t.id for t in serial.tasks] == [t.id for t in result.tasks]
 
 
-def test_produced_op_sequences_are_not_asked_again(serve, tmp_path):
+def test_produced_op_sequences_are_not_asked_again(serve, tmp_path, run):
     server = serve(lambda req, n: fenced(sampled_ops(req)))
     first = run(config(server.url), tmp_path, n=5)
     later = run(config(server.url), tmp_path, n=5, produced=[t.ops for t in first.tasks])
     assert not {tuple(t.ops) for t in first.tasks} & {tuple(t.ops) for t in later.tasks}
 
 
-def test_hostile_replies_parse_and_are_left_to_the_filters(serve, tmp_path):
+def test_hostile_replies_parse_and_are_left_to_the_filters(serve, tmp_path, run):
     """The composer never runs a reply: ``import os`` and an endless loop are valid answers
     here; the static check and the sandbox reject them downstream."""
 
@@ -386,7 +390,7 @@ def test_hostile_replies_parse_and_are_left_to_the_filters(serve, tmp_path):
     assert (rows[-1].stage, rows[-1].reason) == ("eager", "timeout")
 
 
-def test_transformers_seeds_pass_through_without_a_request(serve, tmp_path):
+def test_transformers_seeds_pass_through_without_a_request(serve, tmp_path, catalogue_seeds):
     server = serve(lambda req, n: fenced(sampled_ops(req)))
     block = Task(
         ops=["LlamaMLP"],
@@ -395,13 +399,13 @@ def test_transformers_seeds_pass_through_without_a_request(serve, tmp_path):
         meta={"seed": {"library": "transformers", "name": "LlamaMLP"}},
     )
     cfg = config(server.url).model_copy(update={"mix": {"transformers": 1.0, "torch#2": 1e-9}})
-    result = run_composer([*SEEDS, block], cfg, 2, cache_dir=tmp_path)
+    result = run_composer([*catalogue_seeds, block], cfg, 2, cache_dir=tmp_path)
     assert result.tasks[0].id == block.id and result.tasks[0].composer == "llm"
     assert result.tasks[1].data_source == "torch#2", "used up: a chain instead"
     assert len(server.calls) == 1
     only = cfg.model_copy(update={"mix": {"transformers": 1.0}})
     with pytest.raises(RuntimeError, match="every transformers seed is used"):
-        run_composer([*SEEDS, block], only, 2, cache_dir=tmp_path)
+        run_composer([*catalogue_seeds, block], only, 2, cache_dir=tmp_path)
 
 
 def test_parse_is_lenient_about_form_not_content():

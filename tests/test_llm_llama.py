@@ -21,7 +21,6 @@ from opsynth.config import ComposeConfig, LlmConfig
 from opsynth.funnel import funnel_rows
 from synth.composers import run_composer, summary
 from synth.llm.reasons import REPLY
-from synth.seeds import get_library, seed_tasks
 
 N = 3
 
@@ -31,8 +30,10 @@ def llama_url(tmp_path_factory):
     yield from serve(tmp_path_factory.mktemp("llama"), chat_format="gemma")
 
 
-def test_tiny_model_replies_become_tasks_or_reasoned_rejections(llama_url, tmp_path):
-    seeds = seed_tasks(get_library("torch").specs())
+def test_tiny_model_replies_become_tasks_or_reasoned_rejections(
+    llama_url, tmp_path, catalogue_seeds
+):
+    seeds = catalogue_seeds
     cfg = ComposeConfig(
         composer="llm",
         mix={"torch#1": 0.5, "torch#2": 0.5},

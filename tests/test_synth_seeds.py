@@ -1,140 +1,132 @@
-"""The torch seed catalogue, the library registry and standalone seed tasks."""
+"""Catalogue seed tasks as the composers receive them: runnable as recorded, rows that cite
+themselves, a serialized spec that rebuilds the exact call validation ran, and the composer's
+view of each seed."""
 
 from __future__ import annotations
 
 import ast
 import json
 
-import pytest
 import torch
+from conftest import TEST_OPERATORS
 
 from opsynth.record import Task, content_id
-from synth.seeds import (
-    SeedSpec,
-    TorchLibrary,
-    get_library,
-    library_names,
-    register_library,
-    seed_tasks,
-    spec_of,
-)
+from synth.catalog import probe
+from synth.catalog.extract import seeds_in_process
+from synth.catalog.serialize import spec_from_json, spec_to_json
+from synth.compose import composable
 
-SPECS = get_library("torch").specs()
-SEEDS = seed_tasks(SPECS)
-BY_NAME = {t.ops[0]: t for t in SEEDS}
+# Modules whose constructor creates learnable weights.
+WEIGHTED = {
+    "nn.Linear",
+    "nn.Conv2d",
+    "nn.ConvTranspose1d",
+    "nn.BatchNorm2d",
+    "nn.LayerNorm",
+    "nn.LSTM",
+    "nn.MultiheadAttention",
+    "nn.Embedding",
+}
 
 
-def build(code: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
-    """Test-side execution of generated code (production code never executes it)."""
+def build(code: str) -> tuple[torch.nn.Module, list]:
+    """Test-side execution of a seed task (production code never executes it)."""
     namespace: dict = {}
-    exec(compile(code, "<task>", "exec"), namespace)
+    exec(compile(code, "<seed>", "exec"), namespace)
     torch.manual_seed(0)
-    model = namespace["Model"](*namespace["get_init_inputs"]())
-    return model, namespace["get_inputs"]()
+    return namespace["Model"](*namespace["get_init_inputs"]()), namespace["get_inputs"]()
 
 
-def test_catalogue_covers_the_families():
-    names = {s.name for s in SPECS}
-    assert len(names) == len(SPECS) >= 20
-    wanted = {
-        "activations": {"F.gelu", "torch.relu", "torch.sigmoid", "torch.tanh", "F.silu"},
-        "math": {"torch.abs", "torch.clamp", "torch.exp"},
-        "reductions": {"torch.sum", "torch.mean", "torch.amax", "torch.logsumexp"},
-        "scans and softmax": {"torch.cumsum", "torch.softmax", "nn.Softmax"},
-        "shape": {"torch.transpose"},
-        "layers": {"nn.Linear", "nn.Conv2d", "nn.LayerNorm", "nn.BatchNorm2d", "nn.GroupNorm"},
-        "pooling": {"nn.MaxPool2d", "nn.AvgPool2d"},
-    }
-    for family, members in wanted.items():
-        assert members <= names, f"{family}: missing {members - names}"
-    assert not any(s.stochastic or s.inplace for s in SPECS)
-    assert all(s.kind == ("module" if s.name.startswith("nn.") else "function") for s in SPECS)
+def tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, tuple | list):
+        return [t for item in out for t in tensors(item)]
+    return []
 
 
-@pytest.mark.parametrize("task", SEEDS, ids=[t.ops[0] for t in SEEDS])
-def test_every_seed_task_runs_with_the_expected_shape(task):
-    model, inputs = build(task.code)
-    with torch.no_grad():
-        out = model(*inputs)
-    assert list(inputs[0].shape) == task.meta["input_shape"]
-    assert list(out.shape) == task.meta["output_shape"]
-    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+def test_every_test_operator_is_extracted_once(catalogue_seeds):
+    assert sorted(t.ops[0] for t in catalogue_seeds) == sorted(TEST_OPERATORS)
+    assert len({t.id for t in catalogue_seeds}) == len(TEST_OPERATORS)
 
 
-def test_seed_task_rows_are_ops6k_rows_citing_themselves():
-    for spec, task in zip(SPECS, SEEDS, strict=True):
-        assert task.ops == [spec.name] and task.data_source == "torch#1"
+def test_every_seed_runs_as_recorded(catalogue_seeds):
+    for task in catalogue_seeds:
+        info = task.meta["seed"]
+        model, inputs = build(task.code)
+        first = next(t for t in inputs if isinstance(t, torch.Tensor))
+        assert list(first.shape) == info["input_shapes"][0], task.ops
+        with torch.no_grad():
+            out = tensors(model(*inputs))
+        assert [list(t.shape) for t in out] == info["output_shapes"], task.ops
+        assert [str(t.dtype).removeprefix("torch.") for t in out] == info["output_dtypes"]
+        assert all(torch.isfinite(t).all() for t in out if t.dtype.is_floating_point), task.ops
+
+
+def test_seed_rows_are_ops6k_rows_citing_themselves(catalogue_seeds):
+    for task in catalogue_seeds:
+        info = task.meta["seed"]
+        assert task.ops == [info["name"]] and task.data_source == "torch#1"
+        assert info["library"] == "torch" and not info["flags"]
         assert task.id == content_id(task.code, task.ops, task.data_source)
         assert task.seed_ids == [task.id]
-        assert task.meta["seed"] == spec.describe()
         assert Task.from_row(json.loads(json.dumps(task.to_row()))).id == task.id
-
-
-def test_seed_code_is_kernelbench_format():
-    for task in SEEDS:
         tree = ast.parse(task.code)
         defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
         assert {"Model", "get_inputs", "get_init_inputs"} <= defined
-        assert ast.get_docstring(tree) and task.ops[0] in ast.get_docstring(tree)
-        assert "import torch.nn.functional as F" in task.code
-        assert "\nscale = 1" in task.code
+        assert task.ops[0] in ast.get_docstring(tree)
 
 
-def test_learnable_tensors_are_registered():
-    for spec in SPECS:
-        model, _ = build(BY_NAME[spec.name].code)
+def test_the_recorded_spec_rebuilds_the_validated_call(catalogue_seeds):
+    """The spec in a seed's meta survives JSON and, called again, gives the recorded shapes
+    (on meta; on CPU for an operator whose output shape depends on values, torch.where)."""
+    for task in catalogue_seeds:
+        info = task.meta["seed"]
+        stored = json.loads(json.dumps(info["spec"]))
+        spec = spec_from_json(stored)
+        assert spec_to_json(spec) == stored and spec.name == task.ops[0]
+        if info["shape_source"] == "meta":
+            assert probe.output_shapes(probe.call(spec, "meta")) == info["meta_shapes"], task.ops
+        else:
+            assert probe.output_shapes(probe.call(spec, "cpu")) == info["output_shapes"]
+    by_name = {t.ops[0]: t.meta["seed"] for t in catalogue_seeds}
+    assert by_name["torch.where"]["shape_source"] == "cpu"
+
+
+def test_learnable_tensors_are_registered(catalogue_seeds):
+    for task in catalogue_seeds:
+        model, _ = build(task.code)
         loose = [
             name
             for module in model.modules()
             for name, value in vars(module).items()
             if isinstance(value, torch.Tensor)
         ]
-        assert not loose, f"{spec.name}: unregistered tensors {loose}"
+        assert not loose, f"{task.ops[0]}: unregistered tensors {loose}"
         n_params = sum(p.numel() for p in model.parameters())
-        if spec.name in {"nn.Linear", "nn.Conv2d", "nn.LayerNorm", "nn.GroupNorm"}:
-            assert n_params > 0, spec.name
+        assert n_params == task.meta["seed"]["parameters"], task.ops
+        assert (n_params > 0) == (task.ops[0] in WEIGHTED), task.ops
 
 
-def test_scale_rewrites_the_batch_only():
-    task = BY_NAME["nn.Conv2d"]
-    model, inputs = build(task.code.replace("\nscale = 1", "\nscale = 2"))
-    with torch.no_grad():
-        out = model(*inputs)
-    expected = [2 * task.meta["output_shape"][0], *task.meta["output_shape"][1:]]
-    assert list(out.shape) == expected
+def test_the_composer_reads_ranks_and_main_input_from_each_seed(catalogue_seeds):
+    for task in catalogue_seeds:
+        seed = composable(task)
+        assert seed is not None and seed.id == task.id and seed.spec.name == task.ops[0]
+        assert seed.ranks == tuple(sorted(int(r) for r in task.meta["seed"]["ranks"]))
+    by_name = {t.ops[0]: composable(t) for t in catalogue_seeds}
+    assert by_name["nn.Conv2d"].ranks == (4,) and by_name["torch.bmm"].ranks == (3,)
+    assert by_name["nn.Embedding"].spec.args[0].dtype == "int64"
 
 
-def test_seed_tasks_do_not_depend_on_catalogue_order():
-    again = seed_tasks(list(reversed(SPECS)))
-    assert [t.id for t in again] == [t.id for t in reversed(SEEDS)]
-
-
-def test_spec_of_finds_the_spec_back():
-    for spec, task in zip(SPECS, SEEDS, strict=True):
-        assert spec_of(task).name == spec.name
-    with pytest.raises(ValueError, match="not a seed task"):
-        spec_of(Task(ops=["x"], data_source="torch#1", code="pass"))
-
-
-def test_unknown_library_is_a_one_line_error_listing_known_ones():
-    with pytest.raises(ValueError) as err:
-        get_library("jax")
-    message = str(err.value)
-    assert "'jax'" in message and "torch" in message and "\n" not in message
-
-
-def test_a_new_library_plugs_in(monkeypatch):
-    from synth import seeds as seeds_module
-
-    relu = next(s for s in SPECS if s.name == "torch.relu")
-
-    class Tiny:
-        name = "tiny"
-
-        def specs(self) -> list[SeedSpec]:
-            return [relu]
-
-    monkeypatch.setattr(seeds_module, "_LIBRARIES", dict(seeds_module._LIBRARIES))
-    register_library("tiny", Tiny)
-    assert "tiny" in library_names() and get_library("tiny").specs() == [relu]
-    assert isinstance(get_library("torch"), TorchLibrary)
+def test_in_process_extraction_is_by_name_stable_and_flags_unusable_seeds(catalogue_seeds):
+    """Unknown names are left out; a seed extracted again is the same row; stochastic and
+    in-place operators become seeds but never composable ones."""
+    found = {t.ops[0]: t for t in seeds_in_process(["torch.tanh", "torch.relu_", "F.dropout"])}
+    assert set(found) == {"torch.tanh", "torch.relu_", "F.dropout"}
+    assert set(t.ops[0] for t in seeds_in_process(["torch.no_such_op"])) == set()
+    tanh = next(t for t in catalogue_seeds if t.ops == ["torch.tanh"])
+    assert found["torch.tanh"].id == tanh.id
+    assert "inplace" in found["torch.relu_"].meta["seed"]["flags"]
+    assert "stochastic" in found["F.dropout"].meta["seed"]["flags"]
+    assert composable(found["torch.relu_"]) is None and composable(found["F.dropout"]) is None
+    assert composable(found["torch.tanh"]) is not None

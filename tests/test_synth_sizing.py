@@ -10,7 +10,7 @@ import pytest
 from filters.pool import WorkerPool
 from opsynth.config import ComposeConfig, FiltersConfig, SizingConfig
 from opsynth.record import Task
-from synth.seeds import get_library, seed_tasks
+from synth.compose import compose
 from synth.sizing import Probe, find_knob, set_knob, size_tasks, target_ms
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
@@ -82,12 +82,19 @@ def test_knob_is_the_single_literal_and_only_it_changes() -> None:
     assert resized.replace("1234", "8") == code
 
 
-def test_offline_seed_code_is_resizable_through_its_base_literal() -> None:
-    spec = next(s for s in get_library("torch").specs() if s.name == "F.gelu")
-    seed = seed_tasks([spec], ComposeConfig())[0]
+def test_catalogue_seed_and_composed_code_are_resizable_through_batch_size(
+    catalogue_seeds,
+) -> None:
+    seed = next(t for t in catalogue_seeds if t.ops == ["F.gelu"])
     knob = find_knob(seed.code, ["batch_size"])
-    assert knob is not None and knob.value == seed.meta["batch_size"]
-    assert "batch_size = 7 * scale" in set_knob(seed.code, knob, 7)
+    assert knob is not None and knob.value == seed.meta["seed"]["input_shapes"][0][0]
+    assert "batch_size = 7\n" in set_knob(seed.code, knob, 7)
+    others = {t.ops[0]: 0.0 for t in catalogue_seeds if t.ops != ["F.gelu"]}
+    cfg = ComposeConfig(profile="uniform", mix={"torch#1": 1.0}, op_weights=others)
+    [composed] = compose(catalogue_seeds, cfg, n=1)
+    knob = find_knob(composed.code, ["batch_size"])
+    assert knob is not None and knob.value == composed.meta["batch_size"]
+    assert "batch_size = 7 * scale" in set_knob(composed.code, knob, 7)
 
 
 def test_no_knob_or_two_literals_leave_the_task_alone() -> None:

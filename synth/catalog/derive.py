@@ -36,12 +36,13 @@ def tensor_options(name: str, shape: Shape) -> list[InputSpec]:
     """Options for a tensor parameter that is not the input."""
     rank, low = len(shape), name.lower()
     if any(k in low for k in INDEX_NAMES):
-        high = min(shape)
+        # in range of every non-batch dim, so the range does not follow the batch
+        high = min(shape[1:]) if len(shape) > 1 else shape[0]
         return [
             _tensor(name, shape, dtype="int64", high=high),
             _tensor(name, (2,), dtype="int64", high=high),
         ]
-    if "mask" in low:
+    if "mask" in low or low in ("condition", "cond"):
         return [_tensor(name, shape, dtype="bool")]
     if low == "target" or low.endswith("target"):
         opts = [_tensor(name, shape)]

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from opsynth.config import SeedsConfig
@@ -118,3 +118,21 @@ def run_library(name: str, ref: str, cfg: SeedsConfig) -> LibraryResult:
     elif any(v.reason == "library_error" for v in verdicts):
         status = "error"
     return LibraryResult(name, tasks, verdicts, round(time.perf_counter() - t0, 2), status)
+
+
+def seeds_in_process(operators: list[str], libraries: list[str] | None = None) -> list[Task]:
+    """The validated seeds of the named operators, extracted in this process: for tests,
+    benchmarks and notebooks that need a few real catalogue seeds without the subprocesses
+    and deadlines of a full extraction. Unknown or unrunnable names are left out."""
+    from synth.catalog.plugins import load_adapter
+    from synth.catalog.validate import validate
+
+    cfg = SeedsConfig(libraries=libraries or ["torch"], operators=list(operators))
+    tasks: list[Task] = []
+    for name, ref in resolve_names(cfg.libraries, cfg).items():
+        for spec in load_adapter(ref, cfg).specs():
+            if spec.name in cfg.operators:
+                task, _ = validate(replace(spec, library=name), cfg.seed_timeout_s)
+                if task is not None:
+                    tasks.append(task)
+    return tasks

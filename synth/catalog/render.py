@@ -1,6 +1,6 @@
 """Render a ``CatalogSpec`` as a one-operator KernelBench task.
 
-Same conventions as the composer's tasks (``synth.render``): the usual imports, a docstring
+Same conventions as the composer's tasks (``synth.emit``): the usual imports, a docstring
 naming the operator, ``class Model`` holding a module operator in ``__init__``, module-level
 shape constants, ``get_inputs()`` drawing CPU tensors and ``get_init_inputs()`` returning the
 constructor arguments. Tensors of the first tensor's shape reuse its dim names.
@@ -56,7 +56,8 @@ def _tensor_names(spec: CatalogSpec) -> list[str]:
     return names
 
 
-def _draw(arg: InputSpec, shape_source: str) -> str:
+def draw_expression(arg: InputSpec, shape_source: str) -> str:
+    """How ``get_inputs()`` draws one tensor argument of the given shape expression."""
     if arg.dtype == "int64":
         return f"torch.randint({arg.low}, {arg.high}, {shape_source})"
     if arg.dtype == "bool":
@@ -116,7 +117,7 @@ def render_code(spec: CatalogSpec) -> str:
     for arg in spec.args:
         if not arg.tensor:
             continue
-        source = _draw(arg, _shape_source(arg.shape, named, dim_names))
+        source = draw_expression(arg, _shape_source(arg.shape, named, dim_names))
         for name in [f"{arg.name}_{i}" for i in range(arg.count)] if arg.count else [arg.name]:
             draws.append(f"    {name} = {source}")
     ctor = ", ".join(init_names + [f"{k}={literal(v)}" for k, v in spec.init_kwargs])

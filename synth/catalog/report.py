@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
 from collections import Counter, defaultdict
 from importlib import metadata
@@ -89,27 +90,41 @@ def catalogue_key(cfg: SeedsConfig) -> str:
     import synth
 
     versions = {}
-    for name in cfg.catalogue:
+    for name in cfg.libraries:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = ""
-    return digest(cfg.model_dump(mode="json"), synth.__version__, versions)
+    settings = cfg.model_dump(mode="json", exclude={"cache_dir", "workers"})
+    return digest(settings, synth.__version__, versions)
 
 
-def ensure_catalogue(run_root: Path, cfg: SeedsConfig) -> bool | None:
-    """Extract ``cfg.catalogue`` into ``<run>/catalogue/`` through the content-addressed
-    ``work/catalogue-<key>/``; returns whether the work was reused (None: nothing to do)."""
-    if not cfg.catalogue:
+def cache_root(cfg: SeedsConfig) -> Path | None:
+    """Where catalogues are kept across runs; None when ``seeds.cache_dir`` is 'none'."""
+    if cfg.cache_dir == "none":
         return None
-    work = run_root / "work" / f"catalogue-{catalogue_key(cfg)}"
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    if os.environ.get("OPSYNTH_CACHE"):
+        return Path(os.environ["OPSYNTH_CACHE"]).expanduser()
+    return Path.home() / ".cache" / "opsynth"
+
+
+def ensure_catalogue(run_root: Path, cfg: SeedsConfig) -> bool:
+    """Extract ``cfg.libraries`` into ``<run>/catalogue/`` through the content-addressed
+    ``catalogue-<key>/`` of the user cache (or of ``<run>/work/`` without one); returns
+    whether an earlier extraction was reused."""
+    root = cache_root(cfg) or run_root / "work"
+    work = root / f"catalogue-{catalogue_key(cfg)}"
     reused = (work / "summary.json").is_file()
     if not reused:
-        tmp = work.with_name(f".{work.name}.tmp")
+        tmp = work.with_name(f".{work.name}.{os.getpid()}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        write_catalogue(tmp, extract(cfg.catalogue, cfg), shared_file(OPS6K))
-        shutil.rmtree(work, ignore_errors=True)
-        tmp.rename(work)
+        write_catalogue(tmp, extract(cfg.libraries, cfg), shared_file(OPS6K))
+        try:
+            tmp.rename(work)
+        except OSError:  # another run finished the same extraction first
+            shutil.rmtree(tmp, ignore_errors=True)
     target = run_root / "catalogue"
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(work, target)

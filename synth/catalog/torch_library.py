@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from opsynth.config import SeedsConfig
 from synth.catalog import derive, introspect, probe
 from synth.catalog.introspect import Entry, Param
 from synth.catalog.overrides import (
@@ -43,6 +44,9 @@ class TorchCatalog:
 
     name = LIBRARY
 
+    def __init__(self, config: SeedsConfig | None = None) -> None:
+        self.only = frozenset(config.operators) if config is not None else frozenset()
+
     def specs(self) -> Iterator[CatalogSpec]:
         seen: set[str] = set()
         entries = (
@@ -54,7 +58,7 @@ class TorchCatalog:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for entry in entries:
-                if entry.name not in seen:
+                if entry.name not in seen and (not self.only or entry.name in self.only):
                     seen.add(entry.name)
                     yield derive_spec(entry)
 
@@ -276,4 +280,37 @@ def _other_ranks(entry: Entry, rank: int, index: int, shapes: list) -> dict[str,
                 if out is not None:
                     found[str(other)] = {"input": list(PROBE_SHAPES[other]), "output": out}
                 break
+    return found
+
+
+def entry_of(spec: CatalogSpec) -> Entry:
+    """The introspection entry a validated spec came from, rebuilt from its target."""
+    if spec.kind == "operator":
+        obj = None
+    elif spec.kind == "method":
+        obj = getattr(torch.Tensor, spec.target, None)
+    else:
+        obj = probe.resolve(spec.target)
+    return Entry(spec.name, spec.kind, spec.target, obj)
+
+
+def rebind(spec: CatalogSpec, shape: Shape, limit: int) -> list[CatalogSpec]:
+    """Up to ``limit`` argument sets for the same operator with its first tensor argument of
+    ``shape``: the derivation that validated the seed, replayed at another shape. Input ranges
+    the seed needed (a positive range for log) carry over by argument name."""
+    entry = entry_of(spec)
+    ranges = {a.name: a.uniform for a in spec.args if a.uniform is not None}
+    found = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for candidate in itertools.islice(proposals(entry, shape), limit):
+            if ranges:
+                args = tuple(
+                    replace(a, uniform=ranges[a.name])
+                    if a.name in ranges and a.tensor and a.dtype == "float32"
+                    else a
+                    for a in candidate.args
+                )
+                candidate = replace(candidate, args=args)
+            found.append(replace(candidate, flags=spec.flags))
     return found

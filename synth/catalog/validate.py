@@ -22,6 +22,7 @@ from opsynth.record import Task, Verdict, content_id
 from synth.catalog.probe import output_shapes, tensors_of
 from synth.catalog.reasons import OK, check
 from synth.catalog.render import render_code
+from synth.catalog.serialize import spec_to_json
 from synth.catalog.spec import CatalogSpec
 
 COMPOSER = "seed-catalog"
@@ -187,6 +188,7 @@ def validate(spec: CatalogSpec, timeout_s: float) -> tuple[Task | None, Verdict]
         "meta_error": meta_error,
         "preserves_shape": first is not None and run["output_shapes"] == [first],
         "init_args": {name: repr(value) for name, value in spec.init},
+        "spec": spec_to_json(spec),
         **spec.evidence,
     }
     task = Task(

@@ -70,6 +70,8 @@ def extract_library(name: str, ref: str, cfg: SeedsConfig, out: IO[str]) -> None
             _emit(out, None, rejection(_library_spec(name, label), "invalid_spec", problem))
             continue
         spec = replace(spec, library=name)
+        if cfg.operators and spec.name not in cfg.operators:
+            continue  # seeds.operators narrows every library to the named operators
         if spec.name in seen:
             _emit(out, None, rejection(spec, "duplicate_name", "name already yielded"))
             continue

@@ -1,0 +1,174 @@
+"""A composed task before it is code: a chain of catalogue operators and how to run it.
+
+Each ``Link`` is one catalogue spec re-derived at the shape the running tensor has there. The
+first link's tensor arguments are all task inputs; a later link feeds the running tensor into
+its ``main`` argument and draws its other tensor arguments as further task inputs (a second
+operand, an index, a mask, a target). A link whose operator returns several tensors (``topk``,
+``nn.LSTM``, ``max(dim)``) continues on the element at ``pick``; the last link may return the
+whole tuple instead. ``execute`` runs a chain on real or meta tensors, so the same code path
+solves shapes, measures cost and checks values; the renderer (``synth.emit``) writes the same
+calls as source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from synth.catalog.probe import build, make_tensor, value_of
+from synth.catalog.spec import CatalogSpec, InputSpec
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Link:
+    """One operator of a chain: the spec as called, which argument is the running tensor
+    (``main``; None for the first link), the task-input name of every other tensor argument,
+    and the path to the element the chain continues on (``()`` for a tensor output)."""
+
+    seed_id: str
+    spec: CatalogSpec
+    main: int | None
+    inputs: tuple[str | None, ...]
+    pick: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A solved chain at one batch size. ``returns_tuple``: the task returns the last link's
+    whole output. ``batch_dims`` maps each task input to the dims that are the batch."""
+
+    links: tuple[Link, ...]
+    batch: int
+    returns_tuple: bool = False
+    batch_dims: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
+
+    @property
+    def ops(self) -> list[str]:
+        return [link.name for link in self.links]
+
+    def input_specs(self) -> dict[str, InputSpec]:
+        """Task inputs in call order, each a single tensor's spec."""
+        found: dict[str, InputSpec] = {}
+        for link in self.links:
+            for name, arg in expanded(link):
+                found.setdefault(name, arg)
+        return found
+
+
+def weight_names(chain: Chain) -> set[str]:
+    """Inputs of later links that are float tensors independent of the batch (a bias-like
+    vector, a scalar operand): the task holds them as parameters, as hand-written tasks do,
+    rather than asking every call for them."""
+    first = {name for name, _ in expanded(chain.links[0])} if chain.links else set()
+    return {
+        name
+        for link in chain.links[1:]
+        for name, arg in expanded(link)
+        if name not in first and arg.dtype == "float32" and not chain.batch_dims.get(name)
+    }
+
+
+def expanded(link: Link) -> list[tuple[str, InputSpec]]:
+    """The task inputs one link draws: a tensor argument is one input, a tensor-list argument
+    one input per element (``name_0``, ``name_1``...), the running tensor none of them."""
+    out = []
+    for i, (arg, name) in enumerate(zip(link.spec.args, link.inputs, strict=True)):
+        if not arg.tensor or name is None:
+            continue
+        if arg.count:
+            first = 1 if i == link.main else 0
+            out += [(f"{name}_{j}", replace(arg, count=0)) for j in range(first, arg.count)]
+        else:
+            out.append((name, arg))
+    return out
+
+
+def follow(out: Any, path: Sequence[int]) -> Any:
+    for i in path:
+        out = out[i]
+    return out
+
+
+def continuation(out: Any) -> tuple[int, ...] | None:
+    """The path to the element a chain continues on: the output itself when it is a tensor,
+    else the largest floating tensor inside it (an LSTM's sequence output, topk's values),
+    else the largest tensor of any dtype; None when there is no tensor at all."""
+    if isinstance(out, torch.Tensor):
+        return ()
+    best: tuple[tuple[bool, int], tuple[int, ...]] | None = None
+    for path, t in _tensor_paths(out, ()):
+        key = (t.dtype.is_floating_point, t.numel())
+        if best is None or key > best[0]:
+            best = (key, path)
+    return best[1] if best is not None else None
+
+
+def _tensor_paths(out: Any, prefix: tuple[int, ...]):
+    if isinstance(out, torch.Tensor):
+        yield prefix, out
+    elif isinstance(out, tuple | list):
+        for i, item in enumerate(out):
+            yield from _tensor_paths(item, (*prefix, i))
+
+
+def tensors_in(out: Any) -> list[torch.Tensor]:
+    return [t for _, t in _tensor_paths(out, ())]
+
+
+def draw_inputs(
+    chain: Chain, device: str, generator: torch.Generator | None = None
+) -> dict[str, Any]:
+    """Every task input as ``get_inputs()`` draws it (a list for a tensor-list argument)."""
+    return {name: make_tensor(arg, device, generator) for name, arg in chain.input_specs().items()}
+
+
+def build_callables(links: Sequence[Link], device: str) -> list[Any]:
+    """The module or function each link calls, built on ``device`` (modules in train mode, as
+    the filters run them)."""
+    return [build(link.spec, device) for link in links]
+
+
+def call_link(link: Link, fn: Any, running: Any, inputs: Mapping[str, Any]) -> Any:
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for i, (arg, name) in enumerate(zip(link.spec.args, link.inputs, strict=True)):
+        if arg.tensor and arg.count and name is not None:
+            value = [
+                running if (i == link.main and j == 0) else inputs[f"{name}_{j}"]
+                for j in range(arg.count)
+            ]
+        elif i == link.main:
+            value = running
+        elif name is not None:
+            value = inputs[name]
+        else:
+            value = value_of(arg.value)
+        if arg.keyword:
+            kwargs[arg.name] = value
+        else:
+            args.append(value)
+    return fn(*args, **kwargs)
+
+
+def execute(
+    chain: Chain, callables: Sequence[Any], inputs: Mapping[str, Any], trace: list | None = None
+) -> Any:
+    """The chain's output on ``inputs``; ``trace`` collects (running in, continued out) per link."""
+    running: Any = None
+    out: Any = None
+    for link, fn in zip(chain.links, callables, strict=True):
+        out = call_link(link, fn, running, inputs)
+        following = follow(out, link.pick)
+        if trace is not None:
+            trace.append((running, following))
+        running = following
+    return out if chain.returns_tuple else running

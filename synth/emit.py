@@ -1,0 +1,241 @@
+"""Write a solved chain as KernelBench-format source and as a ``Task`` row.
+
+The code reads like the released tasks: the usual imports, a docstring naming the operators,
+``class Model`` with every module operator built in ``__init__`` from named constructor
+arguments (``get_init_inputs()`` returns them), ``forward`` taking every tensor input and
+calling each operator in turn on ``x``, module-level shape constants and ``get_inputs()``
+drawing CPU tensors (``torch.randn``; ``torch.randint`` for an index, a coin flip for a mask).
+Every dim that follows the batch is written ``batch_size``, defined as ``base * scale``, so
+rewriting that one literal resizes the task without solving it again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import synth
+from opsynth.record import Task
+from synth.catalog.render import DIM_NAMES, draw_expression, literal
+from synth.catalog.spec import CatalogSpec
+from synth.chain import Chain, Link, weight_names
+
+SCALE_NAME = "scale"
+BATCH_NAME = "batch_size"
+SCALE_COMMENT = "  # multiplies the batch dim; no operator parameter depends on it"
+ROOTS = {"torch", "nn", "F"}
+FIRST_DIMS = {rank: names[1:] for rank, names in DIM_NAMES.items()}
+
+
+class _Names:
+    """Module-level constants in definition order, with unique names."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.values: dict[str, str] = {}
+        self.taken = taken
+
+    def define(self, role: str, source: str) -> str:
+        name, i = role, 2
+        while name in self.values or name in self.taken:
+            name, i = f"{role}_{i}", i + 1
+        self.values[name] = source
+        return name
+
+
+def _attr(spec: CatalogSpec, attrs: set[str]) -> str:
+    base = spec.name.rpartition(".")[2].lower() or "op"
+    name, i = base, 2
+    while name in attrs:
+        name, i = f"{base}_{i}", i + 1
+    attrs.add(name)
+    return name
+
+
+def _call_parts(link: Link, weights: set[str]) -> list[str]:
+    parts = []
+
+    def ref(name: str) -> str:
+        return f"self.{name}" if name in weights else name
+
+    for i, (arg, name) in enumerate(zip(link.spec.args, link.inputs, strict=True)):
+        if arg.tensor and arg.count and name is not None:
+            items = [
+                "x" if (i == link.main and j == 0) else ref(f"{name}_{j}") for j in range(arg.count)
+            ]
+            text = "[" + ", ".join(items) + "]"
+        elif i == link.main:
+            text = "x"
+        elif name is not None:
+            text = ref(name)
+        else:
+            text = literal(arg.value)
+        parts.append(f"{arg.name}={text}" if arg.keyword else text)
+    return parts
+
+
+def _expression(link: Link, attr: str, weights: set[str], whole: bool = False) -> str:
+    spec, parts = link.spec, _call_parts(link, weights)
+    if spec.kind == "module":
+        call = f"self.{attr}({', '.join(parts)})"
+    elif spec.kind == "operator":
+        call = (
+            f"({f' {spec.target} '.join(parts)})" if link.pick else f" {spec.target} ".join(parts)
+        )
+    elif spec.kind == "method":
+        call = f"{parts[0]}.{spec.target}({', '.join(parts[1:])})"
+    else:
+        call = f"{spec.target}({', '.join(parts)})"
+    return call if whole else call + "".join(f"[{i}]" for i in link.pick)
+
+
+def _imports(chain: Chain) -> list[str]:
+    extra = []
+    for link in chain.links:
+        module = link.spec.target.rpartition(".")[0]
+        if (
+            link.spec.kind in ("module", "function")
+            and module
+            and module.split(".")[0] not in ROOTS
+        ):
+            line = f"import {module}"
+            if line not in extra:
+                extra.append(line)
+    return extra
+
+
+def render_code(chain: Chain) -> str:
+    weights = weight_names(chain)
+    specs = chain.input_specs()
+    inputs = {name: arg for name, arg in specs.items() if name not in weights}
+    names = _Names(set(inputs) | {"Model", "torch", "nn", "F", "x", BATCH_NAME, SCALE_NAME})
+    names.values[SCALE_NAME] = "1"
+    names.values[BATCH_NAME] = f"{chain.batch} * {SCALE_NAME}"
+    first_name, first = next(iter(inputs.items()))
+    dim_names: dict[int, str] = {}
+    for d, role in enumerate(FIRST_DIMS.get(len(first.shape), ()), start=1):
+        if d < len(first.shape) and d not in chain.batch_dims.get(first_name, ()):
+            dim_names[d] = names.define(role, str(first.shape[d]))
+
+    def shape_source(name: str, shape: tuple[int, ...]) -> str:
+        follows = chain.batch_dims.get(name, ())
+        parts = []
+        for d, size in enumerate(shape):
+            if d in follows:
+                parts.append(BATCH_NAME)
+            elif d in dim_names and len(shape) == len(first.shape) and first.shape[d] == size:
+                parts.append(dim_names[d])
+            else:
+                parts.append(str(size))
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+    init_params: list[str] = []
+    init_lines: list[str] = []
+    forward: list[str] = []
+    attrs: set[str] = set(weights)
+    for name in sorted(weights, key=list(specs).index):
+        shape = literal(tuple(specs[name].shape))
+        init_lines.append(f"self.{name} = nn.Parameter({draw_expression(specs[name], shape)})")
+    for link in chain.links:
+        attr = ""
+        if link.spec.kind == "module":
+            attr = _attr(link.spec, attrs)
+            positional = [names.define(role, literal(value)) for role, value in link.spec.init]
+            init_params += positional
+            keywords = [f"{k}={literal(v)}" for k, v in link.spec.init_kwargs]
+            init_lines.append(
+                f"self.{attr} = {link.spec.target}({', '.join(positional + keywords)})"
+            )
+        whole = chain.returns_tuple and link is chain.links[-1]
+        forward.append(f"x = {_expression(link, attr, weights, whole)}")
+
+    draws = [
+        f"    {name} = {draw_expression(arg, shape_source(name, arg.shape))}"
+        for name, arg in inputs.items()
+    ]
+    ops = chain.ops
+    doc = (
+        f"Single operator: {ops[0]}."
+        if len(ops) == 1
+        else f"Fused chain of {len(ops)} operators: {' -> '.join(ops)}."
+    )
+    if chain.returns_tuple:
+        doc = doc[:-1] + ", returning the last operator's whole output."
+    params = "".join(f", {p}" for p in init_params)
+    lines = [
+        f'"""{doc}"""',
+        "",
+        "import torch",
+        "import torch.nn as nn",
+        "import torch.nn.functional as F",
+        *_imports(chain),
+        "",
+        "",
+        "class Model(nn.Module):",
+        f"    def __init__(self{params}):",
+        "        super().__init__()",
+        *[f"        {line}" for line in init_lines],
+        "",
+        f"    def forward(self, {', '.join(inputs)}):",
+        *[f"        {line}" for line in forward[:-1]],
+        f"        return {forward[-1].removeprefix('x = ')}",
+        "",
+        "",
+        *[
+            f"{name} = {source}" + (SCALE_COMMENT if name == SCALE_NAME else "")
+            for name, source in names.values.items()
+        ],
+        "",
+        "",
+        "def get_inputs():",
+        *draws,
+        f"    return [{', '.join(inputs)}]",
+        "",
+        "",
+        "def get_init_inputs():",
+        f"    return [{', '.join(init_params)}]",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def describe(chain: Chain) -> dict[str, Any]:
+    """Everything needed to audit or resize a task without parsing its code."""
+    return {
+        "inputs": {
+            name: {"shape": list(arg.shape), "dtype": arg.dtype}
+            for name, arg in chain.input_specs().items()
+            if name not in weight_names(chain)
+        },
+        "parameters": {
+            name: list(arg.shape)
+            for name, arg in chain.input_specs().items()
+            if name in weight_names(chain)
+        },
+        "batch_dims": {k: list(v) for k, v in chain.batch_dims.items()},
+        "links": [
+            {"name": link.name, "library": link.spec.library, "pick": list(link.pick)}
+            for link in chain.links
+        ],
+        "returns_tuple": chain.returns_tuple,
+        "batch_size": chain.batch,
+        "scale": 1,
+    }
+
+
+def render_task(
+    chain: Chain,
+    *,
+    composer: str,
+    config_hash: str = "",
+    meta: dict[str, Any] | None = None,
+    composer_version: str = synth.__version__,
+) -> Task:
+    ops = chain.ops
+    return Task(
+        ops=ops,
+        data_source=f"torch#{len(ops)}",
+        code=render_code(chain),
+        seed_ids=[link.seed_id for link in chain.links],
+        composer=composer,
+        composer_version=composer_version,
+        config_hash=config_hash,
+        meta={**describe(chain), **(meta or {})},
+    )

@@ -1,0 +1,451 @@
+"""Shape solving: re-derive each operator at the running tensor's shape and run it on meta.
+
+A chain is solved greedily at a small batch: draw the input rank and shape, then for each
+operator try its re-derived argument sets (``synth.catalog.rebind``) in a seeded order, with
+free sizes and attributes varied (``VARIED``), and keep the first whose meta call works and
+whose main input has the running tensor's dtype. The same choices are then replayed at a
+second batch size: an argument or shape that changed with the batch is the batch (rendered as
+``batch_size``), anything else that changed makes the chain impossible to resize and refuses
+it. Only catalogue operators run here, on meta tensors; generated code never does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from opsynth.config import ComposeConfig
+from synth.catalog.probe import build, make_tensor
+from synth.catalog.rebind import main_index, rebind
+from synth.catalog.spec import CatalogSpec, InputSpec
+from synth.chain import Chain, Link, call_link, continuation, expanded, follow, tensors_in
+from synth.degenerate import Degenerate
+
+# Sample batches: the chain is solved at SOLVE_BATCH and replayed at REPLAY_BATCH; the dims
+# that differ are the batch. Rank-1 inputs are all batch, so theirs are longer.
+SOLVE_BATCH, REPLAY_BATCH = 2, 3
+VECTOR_BATCH, VECTOR_REPLAY = 64, 96
+# Keyword/constructor arguments whose value may vary freely, with the menu key of
+# ``ComposeConfig`` they draw from (sizes) or a literal menu (attributes).
+VARIED: dict[str, str | tuple[Any, ...]] = {
+    "out_features": "feature_sizes",
+    "out_channels": "channel_sizes",
+    "hidden_size": "feature_sizes",
+    "embedding_dim": "feature_sizes",
+    "num_embeddings": "feature_sizes",
+    "kernel_size": (1, 2, 3, 4, 5, 7),
+    "stride": (1, 2),
+    "padding": (0, 1, 2),
+    "dilation": (1, 2),
+    "k": (1, 2, 4, 8),
+    "reduction": ("mean", "sum", "none"),
+    "negative_slope": (0.01, 0.1, 0.2),
+    "p": (1.0, 2.0),
+    "eps": (1e-5, 1e-6),
+    "num_layers": (1, 2),
+    "scale_factor": (2.0, 0.5),
+    "chunks": (2, 3, 4),
+    "diagonal": (-1, 0, 1),
+    "shifts": (1, 2, 3),
+}
+DTYPES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A catalogue seed as the solver needs it: its id, validated spec, the input ranks it
+    accepts and the dtype of its first tensor argument."""
+
+    id: str
+    spec: CatalogSpec
+    ranks: tuple[int, ...]
+    main_dtype: str = "float32"
+    dtypes: frozenset[str] = frozenset({"float32"})
+    returns_tuple: bool = False
+    probe_rank: int = 0
+
+
+def batches(rank: int) -> tuple[int, int]:
+    return (VECTOR_BATCH, VECTOR_REPLAY) if rank == 1 else (SOLVE_BATCH, REPLAY_BATCH)
+
+
+def draw_shape(rank: int, rng: random.Random, cfg: ComposeConfig) -> tuple[int, ...]:
+    batch = batches(rank)[0]
+    if rank == 1:
+        return (batch,)
+    if rank == 2:
+        return (batch, rng.choice(cfg.feature_sizes))
+    if rank == 3:
+        return (batch, rng.choice(cfg.seq_lens), rng.choice(cfg.feature_sizes[:4]))
+    if rank == 4:
+        side = rng.choice(cfg.spatial_sizes)
+        return (batch, rng.choice(cfg.channel_sizes), side, side)
+    if rank == 5:
+        side = rng.choice(cfg.volume_sizes)
+        return (batch, rng.choice(cfg.channel_sizes), side, side, side)
+    raise ValueError(f"no input shape family for rank {rank}")
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """How one link was chosen, enough to replay it at another batch size."""
+
+    index: int
+    varied: tuple[tuple[str, Any], ...]
+    pick: tuple[int, ...]
+
+
+def _vary(spec: CatalogSpec, varied: Sequence[tuple[str, Any]]) -> CatalogSpec:
+    values = dict(varied)
+    if not values:
+        return spec
+    init = tuple((k, values.get(k, v)) for k, v in spec.init)
+    kwargs = tuple((k, values.get(k, v)) for k, v in spec.init_kwargs)
+    args = tuple(
+        replace(a, value=values[a.name]) if not a.tensor and a.name in values else a
+        for a in spec.args
+    )
+    return replace(spec, init=init, init_kwargs=kwargs, args=args)
+
+
+def _variations(spec: CatalogSpec, rng: random.Random, cfg: ComposeConfig) -> list[tuple]:
+    """A few variations of the free arguments to try before the derived values."""
+    names = [k for k, _ in spec.init] + [k for k, _ in spec.init_kwargs]
+    names += [a.name for a in spec.args if not a.tensor]
+    free = [n for n in names if n in VARIED]
+    if not free:
+        return [()]
+    out = []
+    for _ in range(cfg.variation_attempts):
+        varied = []
+        for name in free:
+            menu = VARIED[name]
+            options = getattr(cfg, menu) if isinstance(menu, str) else menu
+            varied.append((name, rng.choice(options)))
+        out.append(tuple(varied))
+    return [*out, ()]
+
+
+def _link_inputs(spec: CatalogSpec, main: int | None, taken: set[str]) -> tuple:
+    """Input names for a link's tensor arguments (None: a literal, or the running tensor);
+    a tensor-list argument gets a name prefix even when the running tensor is its first."""
+    names: list[str | None] = []
+    for i, arg in enumerate(spec.args):
+        if not arg.tensor or (i == main and not arg.count):
+            names.append(None)
+            continue
+        base = "x" if main is None and not taken else _safe(arg.name)
+        name, k = base, 2
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        names.append(name)
+    return tuple(names)
+
+
+_RESERVED = {"x", "self", "input", "open", "type", "id", "list", "dict", "max", "min", "sum"}
+
+
+def _safe(name: str) -> str:
+    name = name.strip("_") or "t"
+    return f"{name}_in" if name in _RESERVED or not name.isidentifier() else name
+
+
+def _form(spec: CatalogSpec) -> tuple:
+    """The shape of a call (which arguments it passes, by name and kind), without values:
+    argument sets of the form the catalogue validated are tried first."""
+    return (
+        tuple(k for k, _ in spec.init),
+        tuple(k for k, _ in spec.init_kwargs),
+        tuple((a.name, a.tensor, a.dtype, a.keyword) for a in spec.args),
+    )
+
+
+def _takes_integers(spec: CatalogSpec) -> bool:
+    return any(a.tensor and a.dtype in ("int64", "bool") for a in spec.args)
+
+
+def _adds_input(spec: CatalogSpec, running: tuple[int, ...]) -> bool:
+    """Whether a later link's argument set asks for another batch-sized input (rather than
+    a batch-free operand, which the task holds as a parameter)."""
+    main = main_index(spec, "float32")
+    return any(
+        a.tensor and i != main and a.shape[:1] == running[:1] and len(a.shape) >= len(running)
+        for i, a in enumerate(spec.args)
+    )
+
+
+def _main_input(link_spec: CatalogSpec, main: int | None) -> InputSpec | None:
+    return link_spec.args[main] if main is not None else None
+
+
+def _meta_inputs(links: Sequence[Link]) -> dict[str, Any]:
+    return {name: make_tensor(arg, "meta") for link in links for name, arg in expanded(link)}
+
+
+def _try_link(link: Link, running: Any, inputs: dict[str, Any]) -> Any:
+    """Run one link on meta; its output, or Degenerate."""
+    try:
+        fn = build(link.spec, "meta")
+        out = call_link(link, fn, running, inputs)
+    except Exception as exc:  # torch refuses these arguments
+        raise Degenerate("shape", f"{link.name}: {str(exc)[:160]}") from exc
+    if continuation(out) is None:
+        raise Degenerate("bad_output", f"{link.name} returns no tensor")
+    if any(t.numel() == 0 for t in tensors_in(out)):
+        raise Degenerate("shape", f"{link.name} returns an empty tensor")
+    return out
+
+
+def _skeleton(out: Any) -> Any:
+    """Shapes and dtypes of an output, enough to rebuild it on meta."""
+    if isinstance(out, torch.Tensor):
+        return ("tensor", tuple(out.shape), out.dtype)
+    if isinstance(out, tuple | list):
+        return ("seq", tuple(_skeleton(item) for item in out))
+    return ("other",)
+
+
+def _rebuild(skeleton: Any) -> Any:
+    if skeleton[0] == "tensor":
+        return torch.empty(skeleton[1], dtype=skeleton[2], device="meta")
+    if skeleton[0] == "seq":
+        return tuple(_rebuild(item) for item in skeleton[1])
+    return None
+
+
+@dataclass
+class _State:
+    """A chain being grown: its links, how each was chosen, the input names taken, the
+    running tensor and the meta inputs so far."""
+
+    links: list[Link] = field(default_factory=list)
+    choices: list[_Choice] = field(default_factory=list)
+    taken: set[str] = field(default_factory=set)
+    running: Any = None
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+Propose = Callable[[int, int, str], Iterable["Seed"]]
+_REBINDS: dict[int, dict[tuple, list[CatalogSpec]]] = {}
+_OUTPUTS: dict[tuple, Any] = {}
+
+
+class Solver:
+    """Solves op sequences for one compose call (memoising re-derivations per shape)."""
+
+    def __init__(self, cfg: ComposeConfig, rng: random.Random) -> None:
+        self.cfg, self.rng = cfg, rng
+        # Re-derivations and meta outputs depend only on their keys (and the rebind limit), so
+        # they are kept for the life of the process, across compose calls and chunks.
+        self._rebinds = _REBINDS.setdefault(cfg.rebind_limit, {})
+        self._outputs = _OUTPUTS
+
+    def _propagate(self, key: tuple, link: Link, running: Any, inputs: dict[str, Any]) -> Any:
+        """``_try_link`` memoised by what determines the call: the seed, the running tensor's
+        shape and dtype, the argument set and its variation."""
+        if key not in self._outputs:
+            if len(self._outputs) > 200_000:
+                self._outputs.clear()
+            try:
+                self._outputs[key] = _skeleton(_try_link(link, running, inputs))
+            except Degenerate as exc:
+                self._outputs[key] = exc
+        found = self._outputs[key]
+        if isinstance(found, Degenerate):
+            raise found
+        return _rebuild(found)
+
+    def _rebind(self, seed: Seed, shape: tuple[int, ...]) -> list[CatalogSpec]:
+        key = (seed.id, shape)
+        if key not in self._rebinds:
+            if len(self._rebinds) > 50_000:
+                self._rebinds.clear()
+            self._rebinds[key] = rebind(seed.spec, shape, self.cfg.rebind_limit)
+        return self._rebinds[key]
+
+    def solve(self, seeds: Sequence[Seed], rank: int) -> Chain:
+        """The chain of exactly ``seeds``, or Degenerate."""
+        return self.grow(len(seeds), rank, lambda position, rank, dtype: [seeds[position]])
+
+    def grow(self, k: int, rank: int, propose: Propose) -> Chain:
+        """A chain of ``k`` links grown one at a time: ``propose(position, rank, dtype)`` gives
+        the seeds to try at each position for the running tensor's rank and dtype, so later
+        operators are drawn among those that can take what the earlier ones produced."""
+        shape = draw_shape(rank, self.rng, self.cfg)
+        state = _State()
+        seeds: list[Seed] = []
+        for position in range(k):
+            running = state.running
+            run_rank = len(shape) if running is None else running.dim()
+            dtype = "float32" if running is None else DTYPES.get(running.dtype, "")
+            last = Degenerate("unsolvable", f"no operator fits rank {run_rank} {dtype}")
+            for seed in propose(position, run_rank, dtype):
+                try:
+                    self._extend(state, seed, position, k, shape)
+                except Degenerate as exc:
+                    last = exc
+                    continue
+                seeds.append(seed)
+                break
+            else:
+                raise last
+        solved = Chain(tuple(state.links), batches(rank)[0])
+        replayed = self._replay(seeds, state.choices, _with_batch(shape, batches(rank)[1]))
+        return _with_batch_dims(solved, replayed, batches(rank))
+
+    def _extend(self, state: _State, seed: Seed, position: int, k: int, shape) -> None:
+        running = state.running
+        target = shape if running is None else tuple(running.shape)
+        dtype = "float32" if running is None else DTYPES.get(running.dtype)
+        specs = self._rebind(seed, target)
+        order = list(range(len(specs)))
+        self.rng.shuffle(order)
+        form = _form(seed.spec)
+        integer_first = not position and self.rng.random() < self.cfg.int_input_share
+        if integer_first:
+            order.sort(key=lambda i: not _takes_integers(specs[i]))
+        elif position and self.rng.random() >= self.cfg.multi_input_share:
+            order.sort(key=lambda i: (_form(specs[i]) != form, _adds_input(specs[i], target)))
+        else:
+            order.sort(key=lambda i: _form(specs[i]) != form)
+        last = Degenerate("unsolvable", f"{seed.spec.name} has no arguments for {target}")
+        for index in order[: self.cfg.solve_attempts]:
+            base = specs[index]
+            main = main_index(base, dtype) if position else None
+            if position and main is None:
+                continue
+            main_arg = _main_input(base, main) or next((a for a in base.args if a.tensor), None)
+            wanted = dtype if position else seed.main_dtype
+            if main_arg is None or (main_arg.dtype != wanted and not integer_first):
+                continue
+            for varied in _variations(base, self.rng, self.cfg):
+                spec = _vary(base, varied)
+                link = Link(seed.id, spec, main, _link_inputs(spec, main, set(state.taken)))
+                trial = {**state.inputs, **_meta_inputs([link])}
+                key = (seed.id, position == 0, target, dtype, index, varied)
+                try:
+                    out = self._propagate(key, link, running, trial)
+                except Degenerate as exc:
+                    last = exc
+                    continue
+                path = continuation(out)
+                following = follow(out, path)
+                if following.dim() == 0 and position < k - 1:
+                    last = Degenerate("scalar", f"{seed.spec.name} leaves a scalar mid-chain")
+                    continue
+                state.taken.update(n for n in link.inputs if n)
+                state.links.append(replace(link, pick=path))
+                state.choices.append(_Choice(index, varied, path))
+                state.inputs, state.running = trial, following
+                return
+        raise last
+
+    def _replay(self, seeds: Sequence[Seed], choices: Sequence[_Choice], shape) -> list[Link]:
+        links: list[Link] = []
+        taken: set[str] = set()
+        running: Any = None
+        inputs: dict[str, Any] = {}
+        for position, (seed, choice) in enumerate(zip(seeds, choices, strict=True)):
+            target = shape if running is None else tuple(running.shape)
+            dtype = "float32" if running is None else DTYPES.get(running.dtype)
+            specs = self._rebind(seed, target)
+            if choice.index >= len(specs):
+                raise Degenerate("batch", f"{seed.spec.name} derives otherwise at another batch")
+            spec = _vary(specs[choice.index], choice.varied)
+            main = main_index(spec, dtype) if position else None
+            link = Link(seed.id, spec, main, _link_inputs(spec, main, taken), choice.pick)
+            inputs = {**inputs, **_meta_inputs([link])}
+            key = (seed.id, position == 0, target, dtype, choice.index, choice.varied)
+            out = self._propagate(key, link, running, inputs)
+            try:
+                running = follow(out, choice.pick)
+            except (IndexError, TypeError) as exc:
+                raise Degenerate(
+                    "batch", f"{seed.spec.name}: output changes with the batch"
+                ) from exc
+            links.append(link)
+        return links
+
+
+def _with_batch(shape: tuple[int, ...], batch: int) -> tuple[int, ...]:
+    return (batch, *shape[1:])
+
+
+def _with_batch_dims(chain: Chain, replayed: Sequence[Link], pair: tuple[int, int]) -> Chain:
+    """``chain`` with the dims of its inputs that follow the batch; Degenerate when anything
+    else differs between the two batch sizes."""
+    first, second = pair
+    dims: dict[str, tuple[int, ...]] = {}
+    links = []
+    for a, b in zip(chain.links, replayed, strict=True):
+        if a.spec.init != b.spec.init or a.spec.init_kwargs != b.spec.init_kwargs:
+            raise Degenerate("batch", f"{a.name}: a constructor argument follows the batch")
+        args = list(a.spec.args)
+        for i, (x, y) in enumerate(zip(a.spec.args, b.spec.args, strict=True)):
+            if not x.tensor and x.value != y.value:
+                inferred = _inferred_batch(x.value, y.value, pair)
+                if inferred is None:
+                    raise Degenerate("batch", f"{a.name}: argument {x.name} follows the batch")
+                args[i] = replace(x, value=inferred)
+        a = replace(a, spec=replace(a.spec, args=tuple(args)))
+        links.append(a)
+        for (name, x), (_, y) in zip(expanded(a), expanded(b), strict=True):
+            if len(x.shape) != len(y.shape):
+                raise Degenerate("batch", f"{a.name}: input {name} changes rank with the batch")
+            follows = []
+            for d, (u, v) in enumerate(zip(x.shape, y.shape, strict=True)):
+                if u == v:
+                    continue
+                if (u, v) != (first, second):
+                    raise Degenerate("batch", f"{a.name}: input {name} dim {d} is not the batch")
+                follows.append(d)
+            if x.dtype == "int64" and x.high != y.high:
+                raise Degenerate("batch", f"{a.name}: index range of {name} follows the batch")
+            dims[name] = tuple(follows)
+    return replace(chain, links=tuple(links), batch_dims=dims)
+
+
+def _inferred_batch(first: Any, second: Any, pair: tuple[int, int]) -> Any:
+    """A size list that names the batch (``reshape(x, [B, -1])``) rewritten with -1 there, so
+    it holds at any batch; None when the two values differ otherwise or -1 is taken."""
+    if not isinstance(first, list | tuple) or not isinstance(second, list | tuple):
+        return None
+    if len(first) != len(second) or -1 in first:
+        return None
+    out = []
+    for u, v in zip(first, second, strict=True):
+        if u == v:
+            out.append(u)
+        elif (u, v) == pair and -1 not in out:
+            out.append(-1)
+        else:
+            return None
+    return type(first)(out)
+
+
+def rebatch(chain: Chain, batch: int) -> Chain:
+    """The same chain with every batch dim of every input at ``batch``."""
+    links = []
+    for link in chain.links:
+        args = list(link.spec.args)
+        for i, (arg, name) in enumerate(zip(link.spec.args, link.inputs, strict=True)):
+            if not arg.tensor or name is None:
+                continue
+            keys = [f"{name}_{j}" for j in range(arg.count)] if arg.count else [name]
+            follows = next((chain.batch_dims[k] for k in keys if chain.batch_dims.get(k)), ())
+            if follows:
+                shape = list(arg.shape)
+                for d in follows:
+                    shape[d] = batch
+                args[i] = replace(arg, shape=tuple(shape))
+        links.append(replace(link, spec=replace(link.spec, args=tuple(args))))
+    return replace(chain, links=tuple(links), batch=batch)
+
+
+def dtype_of(t: torch.Tensor) -> str:
+    return DTYPES.get(t.dtype, str(t.dtype))
