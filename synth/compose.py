@@ -79,28 +79,26 @@ def compose(
     tasks: list[Task] = []
     seen_ids: set[str] = set()
     seen_ops: set[tuple[str, ...]] = set(produced)
-    redraw: list[str] = []
-    for chunk in results:
-        for task in chunk:
-            standalone = task.meta.get("standalone", False)
-            if task.id in seen_ids or (not standalone and tuple(task.ops) in seen_ops):
-                redraw.append(task.data_source)
+
+    def keep(made: list[Task], by_ops: bool) -> list[str]:
+        """Add the tasks not made before; the sources of the others, to draw again."""
+        again = []
+        for task in made:
+            repeated = by_ops and not task.meta.get("standalone") and tuple(task.ops) in seen_ops
+            if task.id in seen_ids or repeated:
+                again.append(task.data_source)
                 continue
             seen_ids.add(task.id)
             seen_ops.add(tuple(task.ops))
             tasks.append(task)
+        return again
+
+    redraw = [source for chunk in results for source in keep(chunk, by_ops=True)]
     for attempt in range(3):  # a redraw can again meet a task made elsewhere; rarely twice
         if not redraw:
             break
         job = (seeds, cfg, round_index, config_hash, sorted(seen_ops), f"redraw{attempt}", redraw)
-        redraw = []
-        for task in _compose_chunk(job):
-            if task.id in seen_ids:
-                redraw.append(task.data_source)
-                continue
-            seen_ids.add(task.id)
-            seen_ops.add(tuple(task.ops))
-            tasks.append(task)
+        redraw = keep(_compose_chunk(job), by_ops=False)
     return tasks
 
 

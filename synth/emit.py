@@ -198,17 +198,14 @@ def render_code(chain: Chain) -> str:
 
 def describe(chain: Chain) -> dict[str, Any]:
     """Everything needed to audit or resize a task without parsing its code."""
+    specs, weights = chain.input_specs(), weight_names(chain)
     return {
         "inputs": {
             name: {"shape": list(arg.shape), "dtype": arg.dtype}
-            for name, arg in chain.input_specs().items()
-            if name not in weight_names(chain)
+            for name, arg in specs.items()
+            if name not in weights
         },
-        "parameters": {
-            name: list(arg.shape)
-            for name, arg in chain.input_specs().items()
-            if name in weight_names(chain)
-        },
+        "parameters": {name: list(arg.shape) for name, arg in specs.items() if name in weights},
         "batch_dims": {k: list(v) for k, v in chain.batch_dims.items()},
         "links": [
             {"name": link.name, "library": link.spec.library, "pick": list(link.pick)}

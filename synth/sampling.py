@@ -19,6 +19,7 @@ An op sequence already produced (earlier rounds, earlier draws of this call) is 
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import re
@@ -82,12 +83,20 @@ def effective_mix(
     return {source: weight / total for source, weight in ordered}
 
 
+@functools.lru_cache(maxsize=8)
+def _profile(spec: str):
+    """The profile ``compose.profile`` names, read once per process (every chunk's sampler
+    and both weightings use it)."""
+    from opsynth.profile import load_profile
+
+    return load_profile(spec)
+
+
 def profile_weights(names: Sequence[str], cfg: ComposeConfig) -> list[float]:
     """The base draw weight of each name under ``cfg.profile`` and ``cfg.op_weights``."""
-    from opsynth.profile import load_profile
     from opsynth.taxonomy import category
 
-    profile = load_profile(cfg.profile)
+    profile = _profile(cfg.profile)
     if profile is None:
         weights = [1.0] * len(names)
     else:
@@ -125,10 +134,9 @@ def _behind(target: float, got: int) -> float:
 def _category_targets(names: Sequence[str], cfg: ComposeConfig):
     """The profile's share of tasks per category (empty without a profile), and each name's
     category."""
-    from opsynth.profile import load_profile
     from opsynth.taxonomy import category
 
-    profile = load_profile(cfg.profile)
+    profile = _profile(cfg.profile)
     categories = [category(n) for n in names]
     if profile is None:
         return {}, categories
