@@ -31,11 +31,16 @@ REASONS: dict[str, str] = {
     "hack_patch": "assigns to an attribute of torch (timing functions, ops)",
     "hack_tensor_subclass": "a tensor subclass or __torch_function__/__torch_dispatch__ hook",
     "hack_decoy_kernel": "a __global__ kernel that is never launched",
+    "hack_indirect_name": "kernel sources build or look up names the guards cannot read "
+    "(## token pasting, dlopen/dlsym)",
 }
 
 STREAM_NAMES = ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.set_stream")
 STREAM_CPP = re.compile(r"\b(cudaStreamCreate\w*|getStreamFromPool|setCurrentCUDAStream)\b")
 THREAD_CPP = re.compile(r"\bstd::(thread|async)\b|\bpthread_create\b")
+# Names assembled by the preprocessor (``CAT(cudaStream, Create)``) or looked up at run time
+# would get past the patterns above, which read the source text.
+INDIRECT_CPP = re.compile(r"##|\b(dlopen|dlsym|dlvsym)\s*\(")
 GLOBAL_KERNEL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]+?\s+)?(\w+)\s*\(")
 
 
@@ -100,6 +105,9 @@ def _inline_sources(tree: ast.Module) -> list[str]:
 
 def _kernel_hack(sources: list[str]) -> Decision | None:
     text = "\n".join(sources)
+    found = INDIRECT_CPP.search(text)
+    if found:
+        return drop("hack_indirect_name", f"kernel sources use {found.group(0).strip('( ')}")
     found = STREAM_CPP.search(text)
     if found:
         return drop("hack_stream", f"kernel sources call {found.group(1)}")

@@ -3,9 +3,11 @@
 It rejects sources that cannot be a KernelBench task (no parse, missing ``Model`` /
 ``get_inputs`` / ``get_init_inputs``) and sources that reach for things a PyTorch operator
 task never needs (files, processes, sockets, introspection escapes). It never executes the
-code. Anything that slips past it (string tricks, ``getattr`` with a computed name, ...) is
-still contained by the sandbox, which is the real defence; this check exists so that the
-obvious cases are cheap, explainable rejections instead of sandbox kills.
+code. It judges names by what they resolve to in the AST (import aliases, attribute chains,
+bindings), not by text: ``torch.os``, ``getattr`` with a computed name, a parameter that
+shadows ``open`` are all refused. What slips past it is still contained by the sandbox, which
+is the real defence; this check exists so that the obvious cases are cheap, explainable
+rejections instead of sandbox kills.
 """
 
 from __future__ import annotations
@@ -49,6 +51,38 @@ FORBIDDEN_TORCH_MODULES = frozenset(
         "torch.distributed",
         "torch.package",
         "torch.utils.data",
+        # the C core (e.g. DisableTorchFunction, which hides compute from the evaluator's
+        # guard), custom-operator registration, pickle loading, dispatch-mode overrides
+        "torch._C",
+        "torch.library",
+        "torch.serialization",
+        "torch.overrides",
+        "torch.utils._python_dispatch",
+    }
+)
+# Standard-library modules that other modules re-export as attributes (``torch.os``,
+# ``F.sys``): reaching one through an attribute is the import the allow-list refused.
+FORBIDDEN_MODULE_ATTRIBUTES = frozenset(
+    {
+        "os",
+        "sys",
+        "builtins",
+        "subprocess",
+        "importlib",
+        "ctypes",
+        "socket",
+        "shutil",
+        "inspect",
+        "gc",
+        "pickle",
+        "marshal",
+        "runpy",
+        "signal",
+        "threading",
+        "multiprocessing",
+        "tempfile",
+        "io",
+        "pathlib",
     }
 )
 FORBIDDEN_TORCH_CALLS = frozenset(
@@ -73,7 +107,10 @@ FORBIDDEN_BUILTIN_REFERENCES = frozenset(
     {"open", "eval", "exec", "compile", "__import__", "globals", "locals", "breakpoint"}
 )
 # Builtins that are harmless as names (``def forward(self, input)``) but not as calls.
-FORBIDDEN_BUILTIN_CALLS = frozenset({"input", "exit", "quit", "help"})
+FORBIDDEN_BUILTIN_CALLS = frozenset({"input", "exit", "quit", "help", "vars"})
+# Methods a task never defines: one that swallows exceptions raised in its block
+# (``__exit__`` returning true), or runs at a time of the interpreter's choosing (``__del__``).
+FORBIDDEN_METHODS = frozenset({"__exit__", "__aexit__", "__del__"})
 # Names of the module-level magic a task never needs.
 FORBIDDEN_NAMES = frozenset({"__builtins__", "__loader__", "__spec__"})
 
@@ -96,6 +133,7 @@ FORBIDDEN_ATTRIBUTES = frozenset(
         "__reduce_ex__",
         "__func__",
         "__self__",
+        "__dict__",
         "f_globals",
         "f_locals",
         "f_builtins",
@@ -161,6 +199,9 @@ def check_source(
                 return problem
 
     bound = _all_bindings(tree)
+    rebound = sorted(bound & FORBIDDEN_BUILTIN_REFERENCES)
+    if rebound:  # a parameter or variable named ``open`` would hide the builtin from the check
+        return drop("forbidden_call", f"binds the builtin name {rebound[0]!r}")
     for node in ast.walk(tree):
         problem = _node_problem(node, aliases, bound, permitted)
         if problem is not None:
@@ -221,6 +262,8 @@ def _node_problem(
     elif isinstance(node, ast.Attribute):
         if node.attr in FORBIDDEN_ATTRIBUTES:
             return drop("forbidden_call", f"line {line}: attribute {node.attr}")
+        if node.attr in FORBIDDEN_MODULE_ATTRIBUTES:
+            return drop("forbidden_call", f"line {line}: module {node.attr!r} as an attribute")
         dotted = dotted_name(node, aliases)
         if dotted and _forbidden_dotted(dotted) and not _under(dotted, permitted):
             return drop("forbidden_call", f"line {line}: use of {dotted}")
@@ -230,6 +273,9 @@ def _node_problem(
             return drop("forbidden_call", f"line {line}: call of builtin {name}()")
         if name in ATTRIBUTE_BUILTINS and name not in bound and len(node.args) >= 2:
             return _attribute_builtin_problem(node, aliases, line)
+    elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        if node.name in FORBIDDEN_METHODS:
+            return drop("forbidden_call", f"line {line}: defines {node.name}")
     elif isinstance(node, ast.Constant) and isinstance(node.value, str):
         for attr in ("__globals__", "__subclasses__", "__builtins__", "__import__"):
             if attr in node.value:
@@ -243,9 +289,17 @@ def _attribute_builtin_problem(
     func = node.func.id  # type: ignore[union-attr]
     target = node.args[1]
     if not (isinstance(target, ast.Constant) and isinstance(target.value, str)):
-        return None
+        if func == "hasattr":
+            return None
+        # a name built at run time ('o' + 's') is one this check cannot read
+        return drop("forbidden_call", f"line {line}: {func}() with a computed attribute name")
     attr = target.value
-    if attr.startswith("__") and attr.endswith("__") or attr in FORBIDDEN_ATTRIBUTES:
+    if (
+        attr.startswith("__")
+        and attr.endswith("__")
+        or attr in FORBIDDEN_ATTRIBUTES
+        or attr in FORBIDDEN_MODULE_ATTRIBUTES
+    ):
         return drop("forbidden_call", f"line {line}: {func}(..., {attr!r})")
     base = dotted_name(node.args[0], aliases)
     if base and _forbidden_dotted(f"{base}.{attr}"):

@@ -184,6 +184,33 @@ HACKS: dict[str, tuple[Solution, str]] = {
         Solution("os_escape", model_new("return x", header="import os\n")),
         "forbidden_import",
     ),
+    "pasted_stream": (
+        Solution(
+            "pasted_stream",
+            EXTENSION_MODEL_NEW,
+            {
+                "fused.cpp": "#define CAT(a, b) a##b\n"
+                + CPP_KERNEL.replace(
+                    "  auto input",
+                    "  cudaStream_t s;\n  CAT(cudaStream, Create)(&s);\n  auto input",
+                )
+            },
+        ),
+        "hack_indirect_name",
+    ),
+    "dlsym_lookup": (
+        Solution(
+            "dlsym_lookup",
+            EXTENSION_MODEL_NEW,
+            {
+                "fused.cpp": "#include <dlfcn.h>\n"
+                + CPP_KERNEL.replace(
+                    "  auto input", '  void* f = dlsym(RTLD_DEFAULT, "system");\n  auto input'
+                )
+            },
+        ),
+        "hack_indirect_name",
+    ),
 }
 
 # Hacks the runtime guards must catch; scored leniently (torch ops allowed but counted), so

@@ -102,6 +102,9 @@ def test_missing_symbol(symbol: str) -> None:
         "import torch.multiprocessing as mp",
         "import torch.distributed as dist",
         "from torch import hub",
+        "from torch.serialization import load",
+        "from torch._C import DisableTorchFunction",
+        "import torch.library",
     ],
 )
 def test_forbidden_import(header: str) -> None:
@@ -156,6 +159,30 @@ def test_transformers_only_for_transformers_tasks() -> None:
         ("return torch.from_file('/etc/passwd')", ""),
         ("return self.forward.__code__", ""),
         ("return self.gen.gi_frame.f_back.f_globals", ""),
+        # modules other modules re-export: the import the allow-list refused, by attribute
+        ("return torch.os.system('id')", ""),
+        ("return torch.sys.modules", ""),
+        ("return F.builtins.open('/etc/passwd')", "import torch.nn.functional as F"),
+        ("return math.sys", "import math"),
+        ("return getattr(torch, 'os')", ""),
+        # names built at run time, namespaces as dicts
+        ("return getattr(torch, 'o' + 's').system('id')", ""),
+        ("return getattr(torch, ''.join(['lo', 'ad']))('w.pt')", ""),
+        ("setattr(torch, self.name, None)\n        return x", ""),
+        ("return vars(torch)['load']('w.pt')", ""),
+        ("return torch.__dict__['load']('w.pt')", ""),
+        # torch's native core, pickle loading, operator registration, dispatch overrides
+        ("return torch.serialization.load('w.pt')", ""),
+        ("with torch._C.DisableTorchFunction():\n            return x", ""),
+        ("return torch.library.Library('aten', 'IMPL')", ""),
+        ("return torch.overrides.TorchFunctionMode", ""),
+        # a binding that shadows a forbidden builtin would hide it from the check
+        ("return x", "def helper(open=open):\n    return open"),
+        ("return x", "compile = None"),
+        ("return x", "import torch as eval"),
+        # methods that swallow errors or run at the interpreter's choosing
+        ("return x", "class Quiet:\n    def __exit__(self, *exc):\n        return True"),
+        ("return x", "class Later:\n    def __del__(self):\n        pass"),
     ],
 )
 def test_forbidden_call(forward: str, header: str) -> None:
@@ -172,6 +199,7 @@ def test_forbidden_call(forward: str, header: str) -> None:
         "return x if self.__class__.__name__ else x",
         "return getattr(self, 'scale', 1.0) * x",
         "return getattr(torch, 'relu')(x)",
+        "return x if hasattr(self, self.__class__.__name__) else x",
         "input = x * 2\n        return input",
         "return torch.nn.functional.dropout(x, training=False)",
     ],
