@@ -15,8 +15,8 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 $(STAMP): pyproject.toml Makefile
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null || echo "warning: bubblewrap not installed; sandbox falls back to rlimits"; \
-	  else echo "warning: bubblewrap missing (install the Debian package 'bubblewrap'); sandbox falls back to rlimits"; fi; }
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2) >/dev/null || echo "warning: bubblewrap not installed; task code will not run without --unsafe"; \
+	  else echo "warning: bubblewrap missing (install the Debian packages 'bubblewrap' and 'libseccomp2'); task code will not run without --unsafe"; fi; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"

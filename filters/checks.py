@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import importlib.util
 import math
@@ -711,6 +712,11 @@ def classify(exc: BaseException, default: str) -> str:
     # cuBLAS/cuDNN/cuFFT handles that cannot get their workspace: the device is out of memory
     if "out of memory" in lowered or "can't allocate memory" in lowered or "ALLOC_FAILED" in text:
         return "oom"
+    # the process/thread limit (RLIMIT_NPROC) refused a new thread or process
+    if "can't start new thread" in lowered or (
+        isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN
+    ):
+        return "resource_limit"
     cuda_markers = (
         "CUDA error",
         "illegal memory access",

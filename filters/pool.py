@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from filters import reasons, retry, sandbox
+from filters import privilege, protocol, reasons, retry, sandbox
 from opsynth.config import FiltersConfig
 from opsynth.record import Task, Verdict
 
@@ -61,6 +61,10 @@ MEASURE_STAGES = ("eager", "runtime")
 MEASURE_OVERRIDES: dict[str, Any] = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
 # Host-wide (per user) dir of per-GPU timing locks, shared by every pool on the host.
 LOCK_DIR = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")
+UNSAFE_HINT = (
+    "install bubblewrap (and libseccomp2), or allow unsandboxed execution with --unsafe "
+    "(filters.allow_unsafe = true)"
+)
 
 
 @dataclass(eq=False)
@@ -96,6 +100,19 @@ def resolve_device(device: str) -> str:
     if device == "cuda" and not available:
         raise ValueError("device 'cuda' requested but torch sees no CUDA device; use cpu or auto")
     return "cuda" if available else "cpu"
+
+
+def isolation_problem(cfg: FiltersConfig) -> str:
+    """Why untrusted code could not run sandboxed under ``cfg`` (a one-line refusal naming
+    the way out), found without starting anything; "" when it can, or unsafe is allowed.
+    The pool's start-up probe has the last word."""
+    if cfg.allow_unsafe:
+        return ""
+    if cfg.sandbox == "rlimits":
+        return f"sandbox 'rlimits' runs untrusted code unisolated; {UNSAFE_HINT}"
+    why = "bwrap is not installed" if not sandbox.bwrap_available() else ""
+    why = why or privilege.seccomp_problem()
+    return f"the bwrap sandbox is unusable here: {why}; {UNSAFE_HINT}" if why else ""
 
 
 def default_cache_dir() -> str:
@@ -247,6 +264,8 @@ class WorkerPool:
         self._threads = 1
         self._settings: dict[str, Any] = {}
         self._paths_cache = ""
+        self._lock_dir = LOCK_DIR
+        self._identity: privilege.Identity | None = None
         self._start_failures = 0
         self._start_failure_detail = ""
         self._serial = 0
@@ -277,15 +296,12 @@ class WorkerPool:
         self.stats["started_at"] = time.time()  # unrounded: compared with other clocks
         began = time.monotonic()
         try:
-            self._paths_cache = self.cfg.cache_dir or default_cache_dir()
-            for sub in ("inductor", "triton"):
-                os.makedirs(os.path.join(self._paths_cache, sub), exist_ok=True)
-            os.makedirs(LOCK_DIR, exist_ok=True)
             gpus = self._given_gpus if self._given_gpus is not None else visible_gpus()
             self._gpus = gpus if self.device == "cuda" else []
             count = worker_count(self.cfg, self.device, host_cores(), len(self._gpus))
             self._threads = max(1, host_cores() // count)
             self._kind = self._choose_sandbox()
+            self._shared_dirs()
             self._configure()
             self._workers = [None] * count
             self.stats["workers"] = count
@@ -301,11 +317,14 @@ class WorkerPool:
         except PoolError as exc:
             if not (self._kind == "bwrap" and self.cfg.sandbox == "auto"):
                 raise
+            if not self.cfg.allow_unsafe:
+                raise PoolError(f"workers do not start under bwrap: {exc}; {UNSAFE_HINT}") from exc
             log.warning("workers do not start under bwrap (%s); falling back to rlimits", exc)
             self.stats["sandbox_fallback_reason"] = str(exc)
             self._kill_all()
             self._kind = "rlimits"
             self.stats["sandbox"] = "rlimits"
+            self._shared_dirs()
             self._configure()
             self._start_all()
 
@@ -334,22 +353,45 @@ class WorkerPool:
             self._root = None
 
     def _choose_sandbox(self) -> str:
+        """bwrap when it works here; rlimits (no isolation of files, network or processes)
+        only when the user asked for it or allowed it: untrusted code is never run unsandboxed
+        by default."""
         if self.cfg.sandbox == "rlimits":
+            if not self.cfg.allow_unsafe:
+                raise PoolError(f"sandbox 'rlimits' runs untrusted code unisolated; {UNSAFE_HINT}")
             kind = "rlimits"
         else:
+            self._kind = "bwrap"
+            self._shared_dirs()
             why = sandbox.probe_bwrap(
                 paths=self._paths(self._root or "/"),
                 device=self.device,
                 tmp_bytes=self._tmp_bytes(),
+                identity=self._identity,
             )
-            if why and self.cfg.sandbox == "bwrap":
-                raise PoolError(f"sandbox 'bwrap' requested but unusable: {why}")
+            if why and (self.cfg.sandbox == "bwrap" or not self.cfg.allow_unsafe):
+                raise PoolError(f"the bwrap sandbox is unusable here: {why}; {UNSAFE_HINT}")
             if why:
                 log.warning("bwrap unusable (%s); workers run with rlimits only", why)
                 self.stats["sandbox_fallback_reason"] = why
             kind = "rlimits" if why else "bwrap"
         self.stats["sandbox"] = kind
         return kind
+
+    def _shared_dirs(self) -> None:
+        """The compile cache and GPU lock dir the workers share, owned by the uid the sandbox
+        runs as (a directory of its own under the cache, so root's entries are never used)."""
+        self._identity = (
+            privilege.sandbox_identity(self.cfg.sandbox_uid) if self._kind == "bwrap" else None
+        )
+        cache = self.cfg.cache_dir or default_cache_dir()
+        locks = LOCK_DIR
+        if self._identity is not None:
+            cache = os.path.join(cache, f"sandbox-uid{self._identity.uid}")
+            locks = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{self._identity.uid}")
+        for path in (cache, os.path.join(cache, "inductor"), os.path.join(cache, "triton"), locks):
+            privilege.owned_dir(path, self._identity)
+        self._paths_cache, self._lock_dir = cache, locks
 
     def _configure(self) -> None:
         _, lock_dir = sandbox.visible_paths(self._paths(""), self._kind)
@@ -600,7 +642,9 @@ class WorkerPool:
     # ------------------------------------------------------------------ workers
 
     def _paths(self, directory: str) -> sandbox.Paths:
-        return sandbox.Paths(cache_dir=self._paths_cache, lock_dir=LOCK_DIR, worker_dir=directory)
+        return sandbox.Paths(
+            cache_dir=self._paths_cache, lock_dir=self._lock_dir, worker_dir=directory
+        )
 
     def _tmp_bytes(self) -> int:
         return self.cfg.tmp_size_mb << 20
@@ -614,33 +658,42 @@ class WorkerPool:
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
         paths = self._paths(directory)
-        argv = sandbox.launch_argv(
-            kind=self._kind,
-            paths=paths,
-            device=self.device,
-            tmp_bytes=self._tmp_bytes(),
-            in_fd=to_r,
-            out_fd=from_w,
-            prestart=self.cfg.prestart_child,
-            prepare_ahead=self.cfg.prepare_audit_ahead
-            and self.cfg.candidates_per_process(self.device) > 1,
-        )
+        try:
+            launch = sandbox.launch_command(
+                kind=self._kind,
+                paths=paths,
+                device=self.device,
+                tmp_bytes=self._tmp_bytes(),
+                in_fd=to_r,
+                out_fd=from_w,
+                prestart=self.cfg.prestart_child,
+                prepare_ahead=self.cfg.prepare_audit_ahead
+                and self.cfg.candidates_per_process(self.device) > 1,
+                identity=self._identity,
+            )
+        except (OSError, privilege.SeccompUnavailable):
+            for fd in (to_r, to_w, from_r, from_w):
+                os.close(fd)
+            raise
         env = sandbox.worker_env(
             paths=paths, kind=self._kind, threads=self._threads, cuda_visible=gpu
         )
-        with open(os.path.join(directory, "worker.log"), "wb") as logfile:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=directory,
-                pass_fds=(to_r, from_w),
-                stdin=subprocess.DEVNULL,
-                stdout=logfile,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        os.close(to_r)
-        os.close(from_w)
+        try:
+            with open(os.path.join(directory, "worker.log"), "wb") as logfile:
+                proc = subprocess.Popen(
+                    launch.argv,
+                    env=env,
+                    cwd=directory,
+                    pass_fds=(to_r, from_w, *launch.fds),
+                    stdin=subprocess.DEVNULL,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        finally:
+            launch.close()
+            os.close(to_r)
+            os.close(from_w)
         self.stats["workers_started"] += 1
         return _Worker(
             slot=slot,
@@ -728,7 +781,8 @@ class WorkerPool:
             try:
                 event = json.loads(line)
             except ValueError:
-                self._lost(worker, "worker_lost", f"worker sent a malformed line: {line[:200]!r}")
+                detail = f"worker sent a malformed line: {line[:200]!r}"
+                self._lost(worker, "protocol_violation", detail)
                 return events
             if isinstance(event, dict):
                 events.append(event)
@@ -737,6 +791,48 @@ class WorkerPool:
         return events
 
     def _handle(self, worker: _Worker, event: dict[str, Any]) -> None:
+        """Act on one line from ``worker``. Everything in it is untrusted (the worker shares
+        the candidate's sandbox): a line that breaks the protocol is the candidate's
+        ``protocol_violation``, and its worker is replaced."""
+        problem = self._event_problem(worker, event)
+        if not problem:
+            try:
+                self._apply(worker, event)
+                return
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"[:500]
+        if worker.state == "starting":
+            self._start_failed(worker, f"protocol violation: {problem}")
+        else:
+            self._lost(worker, "protocol_violation", problem)
+
+    def _event_problem(self, worker: _Worker, event: dict[str, Any]) -> str:
+        """Why ``event`` is not a line this worker may send now; "" when it is."""
+        kind = event.get("event")
+        if worker.task is None or event.get("task_id") != worker.task.id:
+            return ""  # not about the running candidate: ignored by ``_apply``
+        done = len(worker.verdicts)
+        expected = worker.stages[done] if done < len(worker.stages) else None
+        if kind == "verdict":
+            return protocol.row_problem(event.get("verdict"), expected)
+        if kind == "started" and not isinstance(event.get("pid"), int):
+            return "'started' without an integer pid"
+        if kind == "stage" and event.get("stage") not in worker.stages:
+            return f"unknown stage {event.get('stage')!r}"
+        if kind == "result":
+            rows = event.get("verdicts")
+            if not isinstance(rows, list) or len(rows) > len(worker.stages):
+                return "'verdicts' must be a list with at most one row per stage"
+            for stage, row in zip(worker.stages, rows, strict=False):
+                problem = protocol.row_problem(row, stage)
+                if problem:
+                    return problem
+            prepare_s = event.get("prepare_s") or 0.0
+            if not isinstance(prepare_s, (int, float)) or not 0 <= prepare_s < 1e6:
+                return f"'prepare_s' out of range: {prepare_s!r}"[:200]
+        return ""
+
+    def _apply(self, worker: _Worker, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "ready":
             if event.get("error"):

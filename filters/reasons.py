@@ -60,6 +60,7 @@ INFRA: dict[str, str] = {
     "resource_limit": "the candidate exceeded its memory, process or file-size limit",
     "output_flood": "the candidate wrote more than output_limit_kb to stdout/stderr",
     "filter_error": "a filter itself raised (a bug in the filter, not in the candidate)",
+    "protocol_violation": "the candidate's process reported a malformed or unexpected message",
 }
 
 # The solution evaluator's harness (evaluator/harness.py) runs in the same workers.

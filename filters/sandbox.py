@@ -1,17 +1,21 @@
-"""How a worker process is launched: inside bubblewrap, or (fallback) with rlimits only.
+"""How a worker process is launched: inside bubblewrap, or (only when the user allows unsafe
+execution) with rlimits alone.
 
 bubblewrap gives each worker private namespaces (no network, its own PID space, no
 capabilities) and a filesystem built from read-only binds of exactly what Python, torch and
 the C++/CUDA toolchain need. Nothing else of the host is visible: not /etc/passwd, not home
-directories, not the repository (only the ``filters`` package is bound, at ``/opsynth``).
-Writable are a size-capped private ``/tmp`` and ``/dev/shm``, and the shared compile cache
-(``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR``) plus the per-GPU lock dir, bound at
+directories, not the repository (only the ``filters`` and ``evaluator`` packages are bound, at
+``/opsynth``). Writable are a size-capped private ``/tmp`` and ``/dev/shm``, and the compile
+cache (``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR``) plus the per-GPU lock dir, bound at
 ``/opsynth/cache`` and ``/opsynth/locks`` so they never sit inside the /tmp a worker wipes
-between candidates.
+between candidates. Everything in the sandbox runs as an unprivileged uid under a seccomp
+filter (``filters.privilege``), entered through ``filters.sandbox_entry``; bwrap reads its
+options from a descriptor, so the sandbox's ``/proc/1/cmdline`` names no host path.
 
-The fallback, used where bwrap is missing or fails its start-up probe, is a new session plus
-the per-candidate rlimits and watchdog of ``filters.worker``: it contains runaway resource use
-but not file, network or process access. ``WorkerPool.stats["sandbox"]`` says which is in use.
+The rlimits launch is a new session plus the per-candidate rlimits and watchdog of
+``filters.worker``: it contains runaway resource use but not file, network or process access,
+so the pool refuses it unless ``filters.allow_unsafe`` is set. ``WorkerPool.stats["sandbox"]``
+says which is in use.
 
 The worker environment is built from an allow-list, so secrets in the orchestrator's
 environment (API keys) never reach candidate code.
@@ -19,6 +23,7 @@ environment (API keys) never reach candidate code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import site
@@ -26,6 +31,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from filters import privilege
 
 BWRAP = "bwrap"
 MOUNT_ROOT = "/opsynth"  # the filters package is bound read-only at MOUNT_ROOT/filters
@@ -40,6 +47,18 @@ COMPILERS = ("gcc", "g++", "cc", "c++", "clang", "clang++", "nvcc", "ninja")
 # solution evaluator's harness. Nothing else of the project is visible in the sandbox.
 SANDBOX_PACKAGES = ("filters", "evaluator")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Mount points bwrap makes itself (their parents need no --dir of ours).
+SANDBOX_DIRS = ("/tmp", "/dev", "/proc", "/dev/shm")
+BIND_OPTIONS = ("--bind", "--ro-bind", "--dev-bind", "--ro-bind-try", "--bind-try")
+# Namespaces of a sandbox bwrap starts as root: all but the user namespace (see
+# system_options); cgroup only where the kernel has it.
+ROOT_NAMESPACES = (
+    "--unshare-ipc",
+    "--unshare-pid",
+    "--unshare-net",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+)
 # /etc files the dynamic loader and the C/C++ toolchain need; nothing with users or secrets.
 ETC_FILES = (
     "/etc/ld.so.cache",
@@ -156,39 +175,32 @@ def host_pidns() -> str:
     return os.readlink("/proc/self/ns/pid")
 
 
-def bwrap_prefix(*, paths: Paths, device: str, tmp_bytes: int) -> list[str]:
-    """bwrap options that build the sandbox; the worker command follows ``--``."""
-    args = system_binds(tmp_bytes=tmp_bytes, gpu=device == "cuda")
+def bwrap_options(
+    *, paths: Paths, device: str, tmp_bytes: int, identity: privilege.Identity | None
+) -> list[str]:
+    """bwrap options that build the worker's sandbox (the program name and command apart)."""
+    args = system_options(tmp_bytes=tmp_bytes, gpu=device == "cuda", identity=identity)
     args += ["--bind", paths.cache_dir, SANDBOX_CACHE, "--bind", paths.lock_dir, SANDBOX_LOCKS]
     args += package_binds(SANDBOX_PACKAGES)
-    args += ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
-    return args
+    return with_parent_dirs(args) + ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
 
 
-def system_binds(*, tmp_bytes: int, gpu: bool) -> list[str]:
-    """bwrap and the part of its options every opsynth sandbox shares (also the trainer's bash
+def system_options(*, tmp_bytes: int, gpu: bool, identity: privilege.Identity | None) -> list[str]:
+    """The part of the bwrap options every opsynth sandbox shares (also the trainer's bash
     tool): new namespaces, no capabilities, size-capped private /tmp and /dev/shm, and
-    read-only binds of what Python, torch, the toolchain and (``gpu``) the driver need."""
-    args = [
-        BWRAP,
-        "--unshare-all",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--size",
-        str(tmp_bytes),
-        "--tmpfs",
-        SANDBOX_TMP,
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(tmp_bytes),
-        "--tmpfs",
-        "/dev/shm",
-    ]
+    read-only binds of what Python, torch, the toolchain and (``gpu``) the driver need.
+
+    Started unprivileged, bwrap gets a user namespace of its own. Started as root
+    (``identity`` given) it gets none, so that the uid ``sandbox_entry`` drops to is a real
+    unprivileged host uid; it keeps only CAP_SETUID/CAP_SETGID for that one step."""
+    if identity is None:
+        args = ["--unshare-all", "--cap-drop", "ALL"]
+    else:
+        args = [*ROOT_NAMESPACES, "--cap-drop", "ALL"]
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    args += ["--die-with-parent", "--new-session"]
+    shared_tmp = ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs"]
+    args += [*shared_tmp, SANDBOX_TMP, "--proc", "/proc", "--dev", "/dev", *shared_tmp, "/dev/shm"]
     for directory in SYSTEM_DIRS:
         if os.path.islink(directory):
             args += ["--symlink", os.readlink(directory), directory]
@@ -204,6 +216,34 @@ def system_binds(*, tmp_bytes: int, gpu: bool) -> list[str]:
     return args
 
 
+def with_parent_dirs(options: list[str]) -> list[str]:
+    """``options`` with every missing parent of a bind target created first, world-readable:
+    bwrap started as root makes them 0700, which the unprivileged sandbox uid cannot cross."""
+    targets = [
+        options[i + 2]
+        for i, option in enumerate(options)
+        if option in BIND_OPTIONS and i + 2 < len(options)
+    ]
+    made = set(SANDBOX_DIRS)
+    parents: list[str] = []
+    for target in targets:
+        parent = os.path.dirname(target.rstrip("/"))
+        chain = []
+        while parent not in ("", "/") and parent not in made:
+            chain.append(parent)
+            made.add(parent)
+            parent = os.path.dirname(parent)
+        parents += reversed(chain)
+    bound = set(targets)
+    creates: list[str] = []
+    for parent in parents:
+        if parent in bound or any(parent.startswith(t.rstrip("/") + "/") for t in bound):
+            continue  # inside another bind: it exists there already
+        creates += ["--perms", "0755", "--dir", parent]
+    first = next((i for i, o in enumerate(options) if o in BIND_OPTIONS), len(options))
+    return options[:first] + creates + options[first:]
+
+
 def package_binds(packages: tuple[str, ...]) -> list[str]:
     """The project's ``packages``, read-only at ``MOUNT_ROOT`` (on the sandbox's PYTHONPATH)."""
     args: list[str] = []
@@ -212,7 +252,50 @@ def package_binds(packages: tuple[str, ...]) -> list[str]:
     return args
 
 
-def launch_argv(
+@dataclass
+class Command:
+    """A bwrap invocation: ``argv`` and the descriptors it must inherit (``pass_fds``): its
+    option list and its seccomp program, each read once by bwrap. The options travel through
+    a descriptor so that the sandbox's ``/proc/1/cmdline`` shows no host path."""
+
+    argv: list[str]
+    fds: tuple[int, ...]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def bwrap_command(
+    options: list[str],
+    command: list[str],
+    *,
+    identity: privilege.Identity | None,
+    keep_fds: tuple[int, ...] = (),
+    cwd: str = "-",
+) -> Command:
+    """Run ``command`` in the sandbox ``options`` describe, under the seccomp filter, entered
+    through ``filters.sandbox_entry`` (which drops to ``identity`` and closes every inherited
+    descriptor but ``keep_fds``, then enters ``cwd``). Raises ``privilege.SeccompUnavailable`` without libseccomp."""
+    seccomp = privilege.seccomp_fd()
+    listing = os.memfd_create("opsynth-bwrap-args", os.MFD_CLOEXEC)
+    try:
+        data = "\0".join([*options, "--seccomp", str(seccomp)]) + "\0"
+        os.write(listing, data.encode())
+        os.lseek(listing, 0, os.SEEK_SET)
+    except OSError:
+        os.close(listing)
+        os.close(seccomp)
+        raise
+    ids = [str(identity.uid), str(identity.gid)] if identity else ["-", "-"]
+    entry = [sys.executable, "-P", "-s", "-B", "-m", "filters.sandbox_entry", *ids]
+    entry += [",".join(str(fd) for fd in keep_fds), cwd, "--"]
+    argv = [BWRAP, "--args", str(listing), "--", *entry, *command]
+    return Command(argv, (listing, seccomp))
+
+
+def launch_command(
     *,
     kind: str,
     paths: Paths,
@@ -222,37 +305,60 @@ def launch_argv(
     out_fd: int,
     prestart: bool,
     prepare_ahead: bool = False,
-) -> list[str]:
+    identity: privilege.Identity | None = None,
+) -> Command:
+    """How to start one worker: in the sandbox, or (``kind`` "rlimits", unsafe) directly."""
     command = worker_command(
         in_fd=in_fd, out_fd=out_fd, device=device, prestart=prestart, prepare_ahead=prepare_ahead
     )
-    if kind == "bwrap":
-        return [*bwrap_prefix(paths=paths, device=device, tmp_bytes=tmp_bytes), "--", *command]
-    return command
+    if kind != "bwrap":
+        return Command(command, ())
+    options = bwrap_options(paths=paths, device=device, tmp_bytes=tmp_bytes, identity=identity)
+    return bwrap_command(options, command, identity=identity, keep_fds=(in_fd, out_fd))
 
 
-def probe_bwrap(*, paths: Paths, device: str, tmp_bytes: int, timeout_s: float = 60.0) -> str:
-    """Start Python in the sandbox and import the worker; "" if that works, else why not."""
+def probe_bwrap(
+    *,
+    paths: Paths,
+    device: str,
+    tmp_bytes: int,
+    identity: privilege.Identity | None = None,
+    timeout_s: float = 60.0,
+) -> str:
+    """Start Python in the sandbox as the sandbox uid and import the worker; "" if that
+    works, else why not (bwrap missing or refused, libseccomp missing, ...)."""
     if not bwrap_available():
         return "bwrap is not installed"
+    why = privilege.seccomp_problem()
+    if why:
+        return why
     env = worker_env(paths=paths, kind="bwrap", threads=1, cuda_visible=None)
-    argv = [
-        *bwrap_prefix(paths=paths, device=device, tmp_bytes=tmp_bytes),
-        "--",
-        sys.executable,
-        "-P",
-        "-s",
-        "-c",
-        "import filters.worker, filters.reasons",
-    ]
+    check = "import os, filters.worker, filters.reasons; print(os.getuid())"
+    options = bwrap_options(paths=paths, device=device, tmp_bytes=tmp_bytes, identity=identity)
+    launch = bwrap_command(options, [sys.executable, "-P", "-s", "-c", check], identity=identity)
     try:
-        proc = subprocess.run(argv, env=env, capture_output=True, timeout=timeout_s, check=False)
+        proc = subprocess.run(
+            launch.argv,
+            env=env,
+            cwd="/",
+            pass_fds=launch.fds,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap probe failed: {exc}"
+    finally:
+        launch.close()
     if proc.returncode != 0:
         return (
             f"bwrap probe exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-500:]}"
         )
+    uid = proc.stdout.decode(errors="replace").strip()
+    if identity is not None and uid != str(identity.uid):
+        return f"bwrap probe ran as uid {uid!r}, not {identity.uid}"
+    if uid == "0":
+        return "bwrap probe ran as uid 0"
     return ""
 
 

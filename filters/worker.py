@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from filters import reasons
+from filters import protocol, reasons
 
 Emit = Callable[[dict[str, Any]], None]
 Target = Callable[[Emit], None]
@@ -139,6 +139,8 @@ class Worker:
         # waiting one was gone or stopped), refused (it exited instead of accepting the job:
         # its CUDA init had failed) or unresponsive (alive, but no answer within HANDSHAKE_S).
         self.last_child = ""
+        # Why the running child broke the protocol ("" while it has not).
+        self.violation = ""
         # Why the last candidate's process was not kept for the next one, though it could have
         # been (the audit's first finding, "census" or "no audit"); "" when kept or not eligible.
         self.last_retired = ""
@@ -246,12 +248,17 @@ class Worker:
             if kind == "stage" and event.get("stage") == expected:
                 current["stage"] = expected
                 self.send({"event": "stage", "task_id": task_id, "stage": expected})
-            elif kind == "verdict" and _valid_row(event.get("verdict"), expected):
+            elif kind == "verdict":
                 if verdicts and not verdicts[-1]["passed"]:
                     return
-                verdicts.append(event["verdict"])
-                self.send({"event": "verdict", "task_id": task_id, "verdict": event["verdict"]})
-            elif kind == "started":
+                row = event.get("verdict")
+                problem = protocol.row_problem(row, expected)
+                if problem:
+                    self.violation = problem
+                    row = _failed_row(expected or stages[-1], "protocol_violation", problem)
+                verdicts.append(row)
+                self.send({"event": "verdict", "task_id": task_id, "verdict": row})
+            elif kind == "started" and isinstance(event.get("pid"), int):
                 self.send({"event": "started", "task_id": task_id, "pid": event["pid"]})
 
         files = message.get("files") or {}
@@ -264,15 +271,7 @@ class Worker:
             if verdicts and verdicts[-1]["stage"] == stage:
                 stage = stages[len(verdicts)]
             reason, detail = failure or ("exited", "the candidate process ended without reporting")
-            verdicts.append(
-                {
-                    "stage": stage,
-                    "passed": False,
-                    "reason": reason,
-                    "detail": detail,
-                    "measures": {},
-                }
-            )
+            verdicts.append(_failed_row(stage, reason, detail))
         replace = not clean or any(v["reason"] == "cuda_error" for v in verdicts)
         return {
             "event": "result",
@@ -356,7 +355,7 @@ class Worker:
         payload: dict[str, Any] = {}
         failure: tuple[str, str] | None = ("filter_error", "the candidate process did not start")
         keep = False
-        self.last_retired = ""
+        self.last_retired = self.violation = ""
         try:
             if started is not None:
                 child.served += 1
@@ -372,7 +371,9 @@ class Worker:
                     may_prepare=child.served == 1 and reusable,
                 )
                 per_process = int(settings.get("candidates_per_process", 1))
-                if failure is None and reusable and child.served < per_process:
+                if self.violation:  # never trusted with another candidate
+                    self.last_retired = "protocol_violation"
+                elif failure is None and reusable and child.served < per_process:
                     self.last_retired = self._audit_finding(child)
                     keep = not self.last_retired
         finally:
@@ -646,7 +647,7 @@ class Worker:
                     error = str(event.get("detail", ""))[-1500:]
                 elif kind in ("info", "calibration"):
                     payload.update({k: v for k, v in event.items() if k != "event"})
-                elif on_event:
+                elif on_event and kind != "started":  # only we say which process started
                     on_event(event)
             return False
 
@@ -839,16 +840,8 @@ def _drain(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _valid_row(row: Any, expected: str | None) -> bool:
-    return (
-        isinstance(row, dict)
-        and row.get("stage") == expected
-        and isinstance(row.get("passed"), bool)
-        and row.get("reason") in reasons.ALL
-        and (row["reason"] == reasons.OK) == row["passed"]
-        and isinstance(row.get("detail", ""), str)
-        and isinstance(row.get("measures", {}), dict)
-    )
+def _failed_row(stage: str, reason: str, detail: str) -> dict[str, Any]:
+    return {"stage": stage, "passed": False, "reason": reason, "detail": detail, "measures": {}}
 
 
 def _stat_fields(pid: int) -> list[bytes]:

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from filters.pool import PoolError, isolation_problem
 from flows.runners import RunnerError
 from opsynth.config import ConfigError, RunConfig, RunnerConfig, load_config
 from opsynth.funnel import funnel_rows
@@ -75,6 +76,14 @@ RunnerAddressOption = Annotated[
     str | None,
     typer.Option("--runner-address", help="existing Dask/Ray cluster; empty = start one"),
 ]
+UnsafeOption = Annotated[
+    bool,
+    typer.Option(
+        "--unsafe",
+        help="run untrusted task code without the bubblewrap sandbox if it is unusable "
+        "[filters.allow_unsafe]",
+    ),
+]
 
 
 @app.command()
@@ -87,10 +96,11 @@ def run(
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
     runner: RunnerOption = None,
     runner_address: RunnerAddressOption = None,
+    unsafe: UnsafeOption = False,
 ) -> None:
     """Regenerate a task set into OUT; re-running resumes and recomputes nothing finished."""
     try:
-        cfg = _with_runner(load_config(config), runner, runner_address)
+        cfg = _with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
         if target is not None:
             if target < 1:
                 raise UserError(f"--target must be at least 1, got {target}")
@@ -98,7 +108,7 @@ def run(
         resolved = _resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
         run_dir = RunDir.create(out)
         manifest = _run_flow(run_dir, cfg, resolved)
-    except (ConfigError, RunDirError, UserError, RunnerError) as exc:
+    except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         _fail(str(exc))
         return
     counts = manifest["counts"]
@@ -115,6 +125,17 @@ def run(
             f"{cfg.max_rounds} rounds; raise max_rounds or compose.oversample"
         )
         raise typer.Exit(1)
+
+
+def _with_unsafe(cfg: RunConfig, unsafe: bool) -> RunConfig:
+    """The config with ``--unsafe`` applied; without it, a run that could only execute task
+    code unsandboxed is refused here, before anything is computed."""
+    if unsafe:
+        return cfg.with_section("filters", allow_unsafe=True)
+    why = isolation_problem(cfg.filters)
+    if why:
+        raise UserError(why)
+    return cfg
 
 
 def _with_runner(cfg: RunConfig, kind: str | None, address: str | None) -> RunConfig:
@@ -186,10 +207,11 @@ def audit(
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
     runner: RunnerOption = None,
     runner_address: RunnerAddressOption = None,
+    unsafe: UnsafeOption = False,
 ) -> None:
     """Run the filters, decontamination and dedup over an existing task set."""
     try:
-        cfg = _with_runner(load_config(config), runner, runner_address)
+        cfg = _with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
         resolved = _resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
         run_dir = RunDir.create(out)
         tasks_file = run_dir.path("input.parquet")
@@ -203,7 +225,7 @@ def audit(
         with _progress_bar() as bar:
             progress = LocalOnly(_progress_callback(bar))
             manifest = flow(str(run_dir.root), cfg, str(tasks_file), resolved, input, progress)
-    except (ConfigError, RunDirError, UserError, RunnerError) as exc:
+    except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         _fail(str(exc))
         return
     _print_funnel(manifest["funnel"], f"audit of {input} ({resolved})")

@@ -36,16 +36,21 @@ def evaluate(
     out: Annotated[Path, typer.Option("--out", help="results directory")] = Path("runs/eval"),
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
+    unsafe: Annotated[
+        bool,
+        typer.Option("--unsafe", help="run solutions unsandboxed if bubblewrap is unusable"),
+    ] = False,
 ) -> None:
     """Score solutions (ModelNew + optional CUDA/C++ kernels) against their tasks."""
     from evaluator.reward import metrics
     from evaluator.score import score_pairs
     from evaluator.solution import SolutionError
     from evaluator.tasks import group_of, load_tasks, pair_up
-    from flows.cli import UserError, _fail, _resolve_device
+    from filters.pool import PoolError
+    from flows.cli import UserError, _fail, _resolve_device, _with_unsafe
 
     try:
-        cfg = load_config(config)
+        cfg = _with_unsafe(load_config(config), unsafe)
         if reference:
             cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"strict": False})})
         resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
@@ -53,7 +58,7 @@ def evaluate(
         if not pairs:
             raise UserError(f"no task under --tasks {tasks} has a solution under --solutions")
         scores, verdicts = score_pairs(pairs, cfg.eval, cfg.filters, resolved, group_of)
-    except (ConfigError, SolutionError, UserError, ValueError) as exc:
+    except (ConfigError, SolutionError, UserError, ValueError, PoolError) as exc:
         _fail(str(exc))
         return
     out.mkdir(parents=True, exist_ok=True)

@@ -459,8 +459,20 @@ class FiltersConfig(_Section):
     )
     sandbox: Literal["auto", "bwrap", "rlimits"] = Field(
         default="auto",
-        description="worker isolation: bubblewrap namespaces, or rlimits only (contains resource "
-        "use, not file/network access); auto = bwrap when its start-up probe passes",
+        description="worker isolation: bubblewrap (namespaces, an unprivileged uid, a seccomp "
+        "filter), or rlimits only (contains resource use, not file/network/process access); "
+        "auto = bwrap, or rlimits when bwrap is unusable and allow_unsafe is set",
+    )
+    allow_unsafe: bool = Field(
+        default=False,
+        description="let untrusted candidates and solutions run without the bubblewrap sandbox "
+        "(sandbox = rlimits, or auto where bwrap is unusable); off, such a run is refused",
+    )
+    sandbox_uid: int = Field(
+        default=65534,
+        ge=1,
+        description="host uid and gid the sandbox runs as when opsynth runs as root (65534 is "
+        "nobody); the compile cache and GPU lock dir the sandbox writes are owned by it",
     )
     cache_dir: str = Field(
         default="",

@@ -1,10 +1,11 @@
 """Runs the screen stage (static, decontam, sandboxed filter shards) over a few tiny tasks in a
 Prefect flow on the runner given on the command line and prints the verdicts and the work
 ledger as JSON; with ``size``, the size stage's probes instead, and whether the orchestrator's
-own pool started. A script, so that Prefect is configured for its own run directory before it
-is imported (tests/test_runner_dask.py runs it once per runner).
+own pool started; with ``both``, sizing and then the screen in one flow. A script, so that
+Prefect is configured for its own run directory before it is imported
+(tests/test_runner_dask.py runs it once per runner).
 
-    python tests/runner_screen.py OUT local|dask [size]
+    python tests/runner_screen.py OUT local|dask [screen|size|both]
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def config(kind: str) -> RunConfig:
         task_timeout_s=60.0,
         grace_s=10.0,
         sandbox="rlimits",
+        allow_unsafe=True,
     )
     cfg = cfg.with_section("sizing", max_steps=1, max_value=4096)
     return cfg.with_section("runner", kind=kind, workers=2)
@@ -90,22 +92,24 @@ def main(out: str, kind: str, what: str = "screen") -> None:
         run = RunDir.create(Path(out))
         ledger = WorkLedger()
         pool = LazyPool(cfg, "cpu")
-        if what == "size":
-            try:
-                sized = size_stage(run, cfg, sizable(), "cpu", pool, ledger, progress)
-            finally:
-                started = bool(pool.close())
-            return {
-                "steps": [t.meta["sizing"]["steps"] for t in sized],
-                "orchestrator_pool_started": started,
-            }
+        result: dict = {}
         try:
-            verdicts = screen(run, cfg, tasks(), "cpu", pool, ledger, progress)
+            if what in ("size", "both"):
+                sized = size_stage(run, cfg, sizable(), "cpu", pool, ledger, progress)
+                result["steps"] = [t.meta["sizing"]["steps"] for t in sized]
+                # whether sizing alone started the orchestrator's own pool
+                result["orchestrator_pool_started"] = pool.pool is not None
+            if what in ("screen", "both"):
+                before = dict(ledger.computed)
+                verdicts = screen(run, cfg, tasks(), "cpu", pool, ledger, progress)
+                result["verdicts"] = [(v.task_id, v.stage, v.passed, v.reason) for v in verdicts]
+                computed = {k: n - before.get(k, 0) for k, n in ledger.computed.items()}
+                result["computed"] = {k: n for k, n in computed.items() if n}
+                result["reused"] = ledger.reused
+                result["progress"] = len(reports)
         finally:
             pool.close()
-        rows = [(v.task_id, v.stage, v.passed, v.reason) for v in verdicts]
-        done = {"reused": ledger.reused, "computed": ledger.computed, "progress": len(reports)}
-        return {"verdicts": rows, **done}
+        return result
 
     engine = task_runner(cfg.runner, "cpu", cfg.filters)
     runnable = screen_flow.with_options(task_runner=engine) if engine else screen_flow

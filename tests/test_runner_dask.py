@@ -50,24 +50,30 @@ def test_plan_splits_cores_and_gpus() -> None:
     assert cpu == [{"OPSYNTH_CPUS": "0"}, {"OPSYNTH_CPUS": "1"}]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
+    """One flow per runner (a Prefect server and, for Dask, a cluster each), sizing then
+    screening, shared by the tests below."""
+    root = tmp_path_factory.mktemp("runners")
+    return root, screen(root / "local", "local", "both"), screen(root / "dask", "dask", "both")
+
+
 @pytest.mark.slow
-def test_dask_shards_match_local_and_resume(tmp_path: Path) -> None:
-    local = screen(tmp_path / "local", "local")
-    dask = screen(tmp_path / "dask", "dask")
+def test_dask_shards_match_local_and_resume(runs: tuple[Path, dict, dict]) -> None:
+    root, local, dask = runs
     assert dask["verdicts"] == local["verdicts"]
     assert dask["computed"]["filter-shard"] == 3 and not dask["reused"]
     assert dask["progress"] > 0  # reported in the orchestrator
-    again = screen(tmp_path / "dask", "local")  # work files are the same whichever runner
+    again = screen(root / "dask", "local")  # work files are the same whichever runner
     assert again["verdicts"] == local["verdicts"]
     assert again["reused"] == {"prefilter": 1, "filter-shard": 3} and not again["computed"]
 
 
 @pytest.mark.slow
-def test_sizing_probes_run_on_the_cluster(tmp_path: Path) -> None:
+def test_sizing_probes_run_on_the_cluster(runs: tuple[Path, dict, dict]) -> None:
     """Under Dask the size stage's probes go to the cluster's workers: every sizable task is
     measured and the orchestrator starts no pool of its own (it may have no GPU)."""
-    local = screen(tmp_path / "local", "local", "size")
-    dask = screen(tmp_path / "dask", "dask", "size")
+    _, local, dask = runs
     assert local["orchestrator_pool_started"] and not dask["orchestrator_pool_started"]
     for run in (local, dask):
         *sizable, plain = run["steps"]
@@ -88,7 +94,8 @@ def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
     write_tasks(tasks(), source)
     config = tmp_path / "cpu.toml"
     config.write_text(
-        '[filters]\nworkers = 1\nshard_size = 2\nsandbox = "rlimits"\ntask_timeout_s = 60.0\n'
+        '[filters]\nworkers = 1\nshard_size = 2\nsandbox = "rlimits"\nallow_unsafe = true\n'
+        "task_timeout_s = 60.0\n"
         f'cache_dir = "{ROOT / ".cache" / "test-compile"}"\n[runner]\nworkers = 2\n'
     )
     verdicts = {}
@@ -127,7 +134,10 @@ def test_dask_preload_starts_the_pool_the_first_shard_then_uses(monkeypatch) -> 
     from opsynth.record import Task
 
     cfg = FiltersConfig(
-        workers=1, cache_dir=str(ROOT / ".cache" / "test-compile"), sandbox="rlimits"
+        workers=1,
+        cache_dir=str(ROOT / ".cache" / "test-compile"),
+        sandbox="rlimits",
+        allow_unsafe=True,
     )
     task = Task(ops=["c"], data_source="torch#1", code=task_source("return x * 0 + 3"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -160,7 +170,10 @@ def test_shards_from_two_threads_overlap_on_one_pool() -> None:
     from opsynth.record import Task
 
     cfg = FiltersConfig(
-        workers=2, cache_dir=str(ROOT / ".cache" / "test-compile"), sandbox="rlimits"
+        workers=2,
+        cache_dir=str(ROOT / ".cache" / "test-compile"),
+        sandbox="rlimits",
+        allow_unsafe=True,
     )
 
     def constant(n: int, init: str = "pass") -> Task:

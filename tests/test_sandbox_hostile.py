@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from filters import reasons, sandbox
-from filters.pool import WorkerPool
+from filters.pool import WorkerPool, isolation_problem
 from filters.samples import GOOD, task_source
 from opsynth.config import FiltersConfig
 from opsynth.record import Task, Verdict
@@ -59,7 +59,12 @@ class Host:
         return self.root / f"{name}.pwned"
 
     def heartbeat(self, kind: str) -> Path:
-        return self.cache_dir / f"heartbeat-{kind}-{TOKEN}"
+        """Where a daemon's heartbeat lands: beside the compile cache the sandbox writes
+        (as root, bwrap's is the sandbox uid's own dir under the configured one)."""
+        cache = self.cache_dir
+        if kind == "bwrap" and os.geteuid() == 0:
+            cache = cache / f"sandbox-uid{FiltersConfig().sandbox_uid}"
+        return cache / f"heartbeat-{kind}-{TOKEN}"
 
 
 def hostile_tasks(host: Host, *, rlimits_safe: bool) -> list[Hostile]:
@@ -129,106 +134,241 @@ def hostile_tasks(host: Host, *, rlimits_safe: bool) -> list[Hostile]:
             t(heartbeat.format(kind=daemon_kind, token=TOKEN), header="import os, time"),
             "forward_error",
         ),
+        Hostile(
+            "malformed_report",
+            t(
+                "line = {'event': 'verdict', 'verdict': {'stage': 'eager', 'passed': True,\n"
+                "        'reason': 'ok', 'elapsed_s': 'fast', 'measures': [1]}}\n"
+                "        for fd in range(3, 256):\n"
+                "            try:\n"
+                "                os.write(fd, (json.dumps(line) + '\\n').encode())\n"
+                "            except OSError:\n"
+                "                pass\n"
+                "        return x * 2.0",
+                header="import json, os",
+            ),
+            "protocol_violation",
+        ),
     ]
     if rlimits_safe:
         return common
-    return common + [
-        Hostile(
-            "fork_bomb",
-            t("while True:\n            os.fork()", header="import os"),
-            "resource_limit",
-        ),
-        Hostile(
-            "kill_everything",
-            t(
-                "os.kill(-1, signal.SIGKILL)\n        time.sleep(30)",
-                header="import os, signal, time",
+    return (
+        common
+        + privilege_attacks(host)
+        + [
+            Hostile(
+                "fork_bomb",
+                t("while True:\n            os.fork()", header="import os"),
+                "resource_limit",
             ),
-            "worker_lost",
-        ),
-        Hostile(
-            "os_system",
-            t(
-                f"assert os.system('echo pwned > {host.target('os_system')}') == 0\n"
-                "        return x",
-                header="import os",
+            Hostile(
+                "kill_everything",
+                t(
+                    "os.kill(-1, signal.SIGKILL)\n        time.sleep(30)",
+                    header="import os, signal, time",
+                ),
+                "worker_lost",
             ),
-            "forward_error",
-        ),
-        Hostile(
-            "subprocess",
-            t(
-                f"command = 'echo pwned > {host.target('subprocess')}'\n"
-                "        subprocess.run(['sh', '-c', command], check=True)\n"
-                "        return x",
-                header="import subprocess",
+            Hostile(
+                "os_system",
+                t(
+                    f"assert os.system('echo pwned > {host.target('os_system')}') == 0\n"
+                    "        return x",
+                    header="import os",
+                ),
+                "forward_error",
             ),
-            "forward_error",
-        ),
-        Hostile(
-            "socket",
-            t(
-                f"socket.create_connection(('127.0.0.1', {host.port}), timeout=2)\n"
-                "        return x",
-                header="import socket",
+            Hostile(
+                "subprocess",
+                t(
+                    f"command = 'echo pwned > {host.target('subprocess')}'\n"
+                    "        subprocess.run(['sh', '-c', command], check=True)\n"
+                    "        return x",
+                    header="import subprocess",
+                ),
+                "forward_error",
             ),
-            "forward_error",
-        ),
-        Hostile(
-            "write_outside",
-            t(
-                "errors = []\n"
-                f"        for path in [{str(host.target('write_outside'))!r}, {repo_file!r}]:\n"
-                "            try:\n"
-                "                with open(path, 'w') as fh:\n"
-                "                    fh.write('pwned')\n"
-                "            except OSError as exc:\n"
-                "                errors.append(str(exc))\n"
-                "        raise RuntimeError(errors)"
+            Hostile(
+                "socket",
+                t(
+                    f"socket.create_connection(('127.0.0.1', {host.port}), timeout=2)\n"
+                    "        return x",
+                    header="import socket",
+                ),
+                "forward_error",
             ),
-            "forward_error",
-        ),
-        Hostile(
-            "read_secrets",
-            t(
-                "found = []\n"
-                f"        paths = ['/etc/passwd', '/etc/shadow', {str(host.secret_file)!r}]\n"
-                "        paths += ['/root/.ssh/id_rsa', os.path.expanduser('~/.ssh/id_rsa')]\n"
-                "        for path in paths:\n"
-                "            try:\n"
-                "                with open(path) as fh:\n"
-                "                    found.append(fh.read())\n"
-                "            except OSError as exc:\n"
-                "                found.append(type(exc).__name__)\n"
-                "        raise RuntimeError('|'.join(found))",
-                header="import os",
+            Hostile(
+                "write_outside",
+                t(
+                    "errors = []\n"
+                    f"        for path in [{str(host.target('write_outside'))!r}, {repo_file!r}]:\n"
+                    "            try:\n"
+                    "                with open(path, 'w') as fh:\n"
+                    "                    fh.write('pwned')\n"
+                    "            except OSError as exc:\n"
+                    "                errors.append(str(exc))\n"
+                    "        raise RuntimeError(errors)"
+                ),
+                "forward_error",
             ),
-            "forward_error",
-        ),
-        Hostile(
-            "read_environment",
-            t("raise RuntimeError(repr(dict(os.environ)))", header="import os"),
-            "forward_error",
-        ),
-        Hostile(
-            "parent_fds",
-            t(
-                "opened = []\n"
-                "        base = f'/proc/{os.getppid()}'\n"
-                "        names = [f'fd/{n}' for n in os.listdir(base + '/fd')]\n"
-                "        for name in [*names, 'environ', 'mem']:\n"
-                "            try:\n"
-                "                with open(f'{base}/{name}', 'w') as fh:\n"
-                '                    fh.write(\'{"event": "result"}\\n\')\n'
-                "                opened.append(name)\n"
-                "            except OSError:\n"
-                "                pass\n"
-                "        raise RuntimeError(f'opened={opened}')",
-                header="import os",
+            Hostile(
+                "read_secrets",
+                t(
+                    "found = []\n"
+                    f"        paths = ['/etc/passwd', '/etc/shadow', {str(host.secret_file)!r}]\n"
+                    "        paths += ['/root/.ssh/id_rsa', os.path.expanduser('~/.ssh/id_rsa')]\n"
+                    "        for path in paths:\n"
+                    "            try:\n"
+                    "                with open(path) as fh:\n"
+                    "                    found.append(fh.read())\n"
+                    "            except OSError as exc:\n"
+                    "                found.append(type(exc).__name__)\n"
+                    "        raise RuntimeError('|'.join(found))",
+                    header="import os",
+                ),
+                "forward_error",
             ),
+            Hostile(
+                "read_environment",
+                t("raise RuntimeError(repr(dict(os.environ)))", header="import os"),
+                "forward_error",
+            ),
+            Hostile(
+                "parent_fds",
+                t(
+                    "opened = []\n"
+                    "        base = f'/proc/{os.getppid()}'\n"
+                    "        try:\n"
+                    "            names = [f'fd/{n}' for n in os.listdir(base + '/fd')]\n"
+                    "        except OSError:\n"
+                    "            names = ['fd/0', 'fd/1', 'fd/2', 'fd/3', 'fd/4']\n"
+                    "        for name in [*names, 'environ', 'mem']:\n"
+                    "            try:\n"
+                    "                with open(f'{base}/{name}', 'w') as fh:\n"
+                    '                    fh.write(\'{"event": "result"}\\n\')\n'
+                    "                opened.append(name)\n"
+                    "            except OSError:\n"
+                    "                pass\n"
+                    "        raise RuntimeError(f'opened={opened}')",
+                    header="import os",
+                ),
+                "forward_error",
+            ),
+        ]
+    )
+
+
+# System call numbers the attacks below use, per architecture (not all are in libc).
+SYSCALLS = {
+    "x86_64": {"keyctl": 250, "bpf": 321, "perf_event_open": 298, "process_vm_readv": 310,
+               "userfaultfd": 323, "io_uring_setup": 425, "setns": 308, "clone3": 435,
+               "pidfd_getfd": 438, "kexec_load": 246},
+    "aarch64": {"keyctl": 219, "bpf": 280, "perf_event_open": 241, "process_vm_readv": 270,
+                "userfaultfd": 282, "io_uring_setup": 425, "setns": 268, "clone3": 435,
+                "pidfd_getfd": 438, "kexec_load": 104},
+}  # fmt: skip
+# What each refused call must answer (errno): EPERM, but EAFNOSUPPORT for a socket family the
+# filter does not know and ENOSYS for clone3 (so that glibc falls back to clone).
+# A packet socket is also a raw one: either rule may answer.
+REFUSED = {"socket_packet": {1, 97}, "socket_alg": {97}, "clone3": {38}}
+
+
+def privilege_attacks(host: Host) -> list[Hostile]:
+    """Attacks on the kernel interface, each reporting what it got in its error message: the
+    system calls a tensor program never needs, a no-op write of kernel settings (the value
+    read is written back), who the process is, and what the sandbox says about the host."""
+    t = task_source
+    calls = (
+        "import ctypes, errno, platform, socket\n"
+        "        libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"        nr = {SYSCALLS!r}[platform.machine()]\n"
+        "        def call(fn, *args):\n"
+        "            ctypes.set_errno(0)\n"
+        "            return 'ok' if fn(*args) != -1 else ctypes.get_errno()\n"
+        "        got = {}\n"
+        "        got['ptrace'] = call(libc.ptrace, 16, os.getppid(), 0, 0)\n"
+        "        got['unshare_user'] = call(libc.unshare, 0x10000000)\n"
+        "        got['unshare_mount'] = call(libc.unshare, 0x00020000)\n"
+        "        got['mount'] = call(libc.mount, b'none', b'/tmp', b'tmpfs', 0, None)\n"
+        "        got['chroot'] = call(libc.chroot, b'/tmp')\n"
+        "        for name in nr:\n"
+        "            got[name] = call(libc.syscall, nr[name], 0, 0, 0, 0, 0)\n"
+        "        for name, family, kind in (('socket_packet', 17, 3), ('socket_alg', 38, 5),\n"
+        "                                   ('socket_raw', 2, 3)):\n"
+        "            try:\n"
+        "                socket.socket(family, kind).close()\n"
+        "                got[name] = 'ok'\n"
+        "            except OSError as exc:\n"
+        "                got[name] = exc.errno\n"
+        "        status = open('/proc/self/status').read()\n"
+        "        got['seccomp'] = status.split('Seccomp:')[1].split()[0]\n"
+        "        got['no_new_privs'] = status.split('NoNewPrivs:')[1].split()[0]\n"
+        "        raise RuntimeError(f'calls={got!r}')"
+    )
+    sysctl = (
+        "got = {}\n"
+        "        for name in ('kernel/core_pattern', 'vm/swappiness', 'kernel/hostname'):\n"
+        "            path = '/proc/sys/' + name\n"
+        "            try:\n"
+        "                value = open(path).read()\n"
+        "                with open(path, 'w') as fh:\n"
+        "                    fh.write(value)  # the value just read: a no-op if it lands\n"
+        "                got[name] = 'written'\n"
+        "            except OSError as exc:\n"
+        "                got[name] = exc.errno\n"
+        "        raise RuntimeError(f'sysctl={got!r}')"
+    )
+    identity = (
+        "ids = os.getresuid() + os.getresgid()\n"
+        "        uid_map = open('/proc/self/uid_map').read().split()\n"
+        "        caps = [line.split()[1] for line in open('/proc/self/status')\n"
+        "                if line.startswith(('CapEff', 'CapPrm', 'CapAmb'))]\n"
+        "        raise RuntimeError(f'ids={ids!r} map={uid_map!r} caps={caps!r} '\n"
+        "                           f'groups={os.getgroups()!r}')"
+    )
+    host_view = (
+        "seen = ''\n"
+        "        for path in ('/proc/1/cmdline', '/proc/1/environ', '/proc/self/cmdline'):\n"
+        "            try:\n"
+        "                seen += open(path, 'rb').read().decode(errors='replace')\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "        leaked = [p for p in SECRETS if p in seen]\n"
+        "        raise RuntimeError(f'leaked={leaked!r} length={len(seen)}')"
+    )
+    secrets = [str(host.cache_dir), str(host.root)]
+    return [
+        Hostile("forbidden_syscalls", t(calls, header="import os"), "forward_error"),
+        Hostile("sysctl_write", t(sysctl), "forward_error"),
+        Hostile("who_am_i", t(identity, header="import os"), "forward_error"),
+        Hostile(
+            "host_paths_in_proc",
+            t(host_view, header=f"SECRETS = {secrets!r}"),
             "forward_error",
         ),
     ]
+
+
+def require_bwrap() -> None:
+    """Skip where bubblewrap is not installed; where it is, it must work (a sandbox that
+    silently stopped starting would otherwise turn this whole suite into skips)."""
+    if not sandbox.bwrap_available():
+        pytest.skip("bubblewrap is not installed")
+    assert isolation_problem(FiltersConfig()) == ""
+
+
+def reported(rows: list[Verdict], key: str) -> Any:
+    """The literal an attack put after ``key=`` in its error message."""
+    import ast
+
+    detail = rows[-1].detail
+    start = detail.index(f"{key}=") + len(key) + 1
+    for end in range(len(detail), start, -1):
+        try:
+            return ast.literal_eval(detail[start:end])
+        except (ValueError, SyntaxError):
+            continue
+    raise AssertionError(f"no {key}= in {detail!r}")
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +436,7 @@ def run_batch(
     host: Host, kind: str, attacks: list[Hostile]
 ) -> tuple[dict[str, list[Verdict]], list[str], dict[str, Any]]:
     """Good tasks first and last, the attacks in between, all in one ``evaluate`` call."""
-    cfg = config(host, sandbox=kind)
+    cfg = config(host, sandbox=kind, allow_unsafe=kind == "rlimits")
     warm_compile_cache(cfg)
     good = [
         Task(ops=["good"], data_source="torch#1", code=GOOD),
@@ -315,12 +455,7 @@ def run_batch(
 def bwrap_batch(
     host: Host,
 ) -> tuple[dict[str, list[Verdict]], list[str], dict[str, Any], list[Hostile]]:
-    if not sandbox.bwrap_available() or sandbox.probe_bwrap(
-        paths=sandbox.Paths(str(host.cache_dir), str(host.root), str(host.root)),
-        device="cpu",
-        tmp_bytes=1 << 28,
-    ):
-        pytest.skip("bubblewrap is not usable here")
+    require_bwrap()
     attacks = hostile_tasks(host, rlimits_safe=False)
     verdicts, good, stats = run_batch(host, "bwrap", attacks)
     return verdicts, good, stats, attacks
@@ -368,6 +503,41 @@ def test_no_attack_reached_the_host(bwrap_batch: Any, host: Host) -> None:
     assert SECRET_ENV not in everything
     assert "FileNotFoundError" in verdicts["read_secrets"][-1].detail
     assert "opened=[]" in verdicts["parent_fds"][-1].detail
+
+
+def test_the_kernel_interface_is_closed(bwrap_batch: Any) -> None:
+    """Every call a tensor program never needs is refused by the seccomp filter, which is
+    loaded with no_new_privs."""
+    verdicts, _, _, _ = bwrap_batch
+    got = reported(verdicts["forbidden_syscalls"], "calls")
+    assert got.pop("seccomp") == "2" and got.pop("no_new_privs") == "1", got
+    wrong = {name: e for name, e in got.items() if e not in REFUSED.get(name, {1})}  # EPERM
+    assert not wrong, got
+
+
+def test_the_sandbox_is_not_root_and_cannot_write_kernel_settings(bwrap_batch: Any) -> None:
+    """As root or not, the candidate is an unprivileged host uid without capabilities, and a
+    write of kernel settings (the value it read, so a no-op) is refused."""
+    verdicts, _, _, _ = bwrap_batch
+    ids = reported(verdicts["who_am_i"], "ids")
+    uid_map = reported(verdicts["who_am_i"], "map")
+    caps = reported(verdicts["who_am_i"], "caps")
+    host_uid = int(uid_map[1]) + ids[0] - int(uid_map[0])  # the uid the host sees
+    assert host_uid != 0 and 0 not in ids, (ids, uid_map)
+    if os.geteuid() == 0:  # root's supplementary groups are not inherited either
+        assert host_uid == FiltersConfig().sandbox_uid
+        assert reported(verdicts["who_am_i"], "groups") in ([], [ids[3]])
+    assert all(int(value, 16) == 0 for value in caps), caps
+    sysctl = reported(verdicts["sysctl_write"], "sysctl")
+    assert "written" not in sysctl.values() and len(sysctl) == 3, sysctl
+
+
+def test_the_sandbox_names_no_host_path(bwrap_batch: Any) -> None:
+    """bwrap's options (bind sources among them) come through a descriptor: what the
+    candidate can read of pid 1 and itself names no host path outside the system dirs."""
+    verdicts, _, _, _ = bwrap_batch
+    assert reported(verdicts["host_paths_in_proc"], "leaked") == []
+    assert reported(verdicts["host_paths_in_proc"], "length") > 0
 
 
 def test_escaped_daemon_is_killed(bwrap_batch: Any, host: Host) -> None:
@@ -447,12 +617,7 @@ def sibling_attack(action: str) -> str:
 def test_a_candidate_cannot_tamper_with_the_next_candidates_process(host: Host) -> None:
     """The prestarted child exists while a candidate runs (the attack finds it), is closed to
     it, and a stopped or killed one is never handed the next candidate."""
-    if not sandbox.bwrap_available() or sandbox.probe_bwrap(
-        paths=sandbox.Paths(str(host.cache_dir), str(host.root), str(host.root)),
-        device="cpu",
-        tmp_bytes=1 << 28,
-    ):
-        pytest.skip("bubblewrap is not usable here")
+    require_bwrap()
     cfg = config(host, sandbox="bwrap", workers=1)
     warm_compile_cache(cfg)
     tasks = [
@@ -465,9 +630,13 @@ def test_a_candidate_cannot_tamper_with_the_next_candidates_process(host: Host) 
         results = pool.evaluate(tasks)
         stats = dict(pool.stats)
     assert stats["workers_started"] == 1  # one worker saw all four
-    # the stopped waiting child was noticed and replaced; the killed one was reaped with the
-    # attack's processes, so the last candidate started fresh
-    assert (stats["child_prestarted"], stats["child_replaced"], stats["child_fresh"]) == (2, 1, 1)
+    # the stopped waiting child was noticed and replaced. The killed one was reaped with the
+    # attack's processes (the last candidate starts fresh), or is found dead when the last
+    # candidate comes (replaced), or is still dying then and so refuses it: each way a new
+    # fork runs that candidate
+    assert stats["child_prestarted"] == 2 and stats["child_replaced"] >= 1
+    new_fork = ("child_fresh", "child_replaced", "child_refused", "child_unresponsive")
+    assert sum(stats[key] for key in new_fork) == 2, stats
     for attack in (tasks[0], tasks[2]):
         last = results[attack.id][-1]
         assert last.reason == "forward_error", last.detail

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from filters import calibrate, sandbox
+from filters import calibrate, privilege, sandbox
 from filters.pool import PoolError, WorkerPool, resolve_device, worker_count
 from filters.samples import task_source
 from opsynth.config import FiltersConfig
@@ -85,15 +86,21 @@ def test_workers_are_recycled_and_results_keep_order() -> None:
     assert started["start_s"] > 0.5 and idle.stats["start_s"] is None
 
 
-def test_auto_falls_back_to_rlimits_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_bwrap_untrusted_code_runs_only_when_unsafe_is_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap")
-    with WorkerPool(config(sandbox="auto"), "cpu") as pool:
+    for refused in (config(sandbox="auto"), config(sandbox="bwrap"), config(sandbox="rlimits")):
+        with pytest.raises(PoolError, match="--unsafe") as caught:
+            WorkerPool(refused.model_copy(update={"allow_unsafe": False}), "cpu").start()
+        assert "\n" not in str(caught.value)  # one line the CLI can print as it is
+    with WorkerPool(config(sandbox="auto", allow_unsafe=True), "cpu") as pool:
         assert pool.stats["sandbox"] == "rlimits"
         assert "not installed" in pool.stats["sandbox_fallback_reason"]
         results = pool.evaluate([constant_task(7)])
     assert next(iter(results.values()))[-1].reason == "constant_output"
     with pytest.raises(PoolError, match="bwrap"):
-        WorkerPool(config(sandbox="bwrap"), "cpu").start()
+        WorkerPool(config(sandbox="bwrap", allow_unsafe=True), "cpu").start()
 
 
 @pytest.mark.skipif(not sandbox.bwrap_available(), reason="bubblewrap is not installed")
@@ -128,16 +135,34 @@ def test_worker_environment_is_an_allow_list(monkeypatch: pytest.MonkeyPatch) ->
     assert fallback["CUDA_VISIBLE_DEVICES"] == ""
 
 
-def test_bwrap_command_hides_the_host() -> None:
-    args = sandbox.bwrap_prefix(
-        paths=sandbox.Paths("/c", "/l", "/w"), device="cpu", tmp_bytes=1 << 20
+@pytest.mark.parametrize("identity", [None, privilege.Identity(65534, 65534)])
+def test_bwrap_command_hides_the_host(identity: privilege.Identity | None) -> None:
+    args = sandbox.bwrap_options(
+        paths=sandbox.Paths("/c", "/l", "/w"), device="cpu", tmp_bytes=1 << 20, identity=identity
     )
     binds = {args[i + 2] for i, a in enumerate(args) if a in ("--ro-bind", "--bind")}
-    assert "--unshare-all" in args and "--die-with-parent" in args
+    assert "--die-with-parent" in args
     assert args[args.index("--cap-drop") + 1] == "ALL"
     assert "/" not in binds and "/etc" not in binds and "/home" not in binds
     assert not any(b == "/root" or b.startswith("/root/.ssh") for b in binds)
     assert {sandbox.SANDBOX_CACHE, sandbox.SANDBOX_LOCKS} <= binds
+    if identity is None:  # unprivileged: bwrap's own user namespace, nothing kept
+        assert "--unshare-all" in args and "--cap-add" not in args
+    else:  # as root: no user namespace (its uid 0 would be host root); setuid/setgid kept only
+        assert "--unshare-all" not in args and "--unshare-user" not in args
+        kept = {args[i + 1] for i, a in enumerate(args) if a == "--cap-add"}
+        assert kept == {"CAP_SETUID", "CAP_SETGID"} and "--unshare-pid" in args
+    launch = sandbox.bwrap_command(args, ["true"], identity=identity, keep_fds=(7,))
+    try:  # the options travel in a descriptor: the command line names no host path
+        assert launch.argv[:2] == [sandbox.BWRAP, "--args"]
+        assert not set(launch.argv) & {"/c", "/l"}
+        listed = os.pread(int(launch.argv[2]), 1 << 20, 0).decode().split("\0")
+        assert "--seccomp" in listed and listed[listed.index("--bind") + 1] == "/c"
+        entry = launch.argv[launch.argv.index("filters.sandbox_entry") + 1 :]
+        ids = [str(identity.uid), str(identity.gid)] if identity else ["-", "-"]
+        assert entry[:5] == [*ids, "7", "-", "--"] and entry[5:] == ["true"]
+    finally:
+        launch.close()
 
 
 def oom_task(tag: str) -> Task:

@@ -318,6 +318,29 @@ def test_bash_has_no_network_and_no_secrets(box, monkeypatch):
     assert "OSError" in net.output or "unreachable" in net.output
 
 
+def test_bash_runs_unprivileged_under_the_seccomp_filter(box):
+    """The agent's shell gets what a candidate gets: a host uid that is not root (when the
+    trainer is root: the configured sandbox uid), no capabilities, the filter, and a workdir
+    it can write."""
+    probe = (
+        "id -u; grep -E '^(CapEff|Seccomp|NoNewPrivs):' /proc/self/status; "
+        "cat /proc/self/uid_map; unshare -U true && echo UNSHARED; "
+        "v=$(cat /proc/sys/vm/swappiness); (echo $v > /proc/sys/vm/swappiness) 2>/dev/null "
+        "&& echo SYSCTL_WRITTEN; touch made_here && echo WROTE"
+    )
+    result = call(box, "bash", command=probe)
+    lines = result.output.split()
+    uid = int(lines[0])
+    status = dict(zip(lines[1:7:2], lines[2:7:2], strict=True))
+    inside, outside = int(lines[7]), int(lines[8])
+    assert outside + uid - inside != 0
+    if os.geteuid() == 0:
+        assert uid == bash_sandbox.SANDBOX_UID and outside == inside == 0
+    assert int(status["CapEff:"], 16) == 0
+    assert status["Seccomp:"] == "2" and status["NoNewPrivs:"] == "1"
+    assert "UNSHARED" not in lines and "SYSCTL_WRITTEN" not in lines and "WROTE" in lines
+
+
 def test_bash_timeout_kills_everything(box):
     quick = Toolbox(box.workdir, TrainerConfig(tool_timeout_s=1))
     start = time.monotonic()

@@ -5,7 +5,8 @@ read-only on top), the system read-only as far as Python, torch and the C++/CUDA
 need it (the same binds as the filters' workers), and the project packages the commands use,
 read-only at ``/opsynth``. It gets no network, its own PID namespace (when the command ends or
 times out, everything it started dies with it), a private ``/tmp`` and an environment built
-from an allow-list, so the trainer's API keys never reach it. There is no unsandboxed fallback:
+from an allow-list, so the trainer's API keys never reach it. It runs as an unprivileged uid
+under the filters' seccomp filter (``filters.privilege``). There is no unsandboxed fallback:
 when bubblewrap is missing or cannot start, the command is not run.
 """
 
@@ -23,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from filters import sandbox
+from filters import privilege, sandbox
 from trainer.workdir import Workdir
 
 PACKAGES = ("opsynth", "filters", "evaluator", "trainer")
@@ -35,6 +36,8 @@ KILL_GRACE_S = 5.0
 FILE_BYTES = 4 << 30
 SHELL = 'ulimit -f {blocks} && exec bash --noprofile --norc -c "$1"'
 PROBE_TIMEOUT_S = 60.0
+# The host uid commands run as when the trainer runs as root (nobody), as for the filters.
+SANDBOX_UID = 65534
 
 
 @dataclass(frozen=True)
@@ -79,15 +82,30 @@ def sandbox_env(workdir: Path, cuda_visible_devices: str | None = None) -> dict[
     return env
 
 
-def sandbox_argv(workdir: Workdir, command: list[str]) -> list[str]:
+def sandbox_command(workdir: Workdir, command: list[str]) -> sandbox.Command:
+    """bwrap with the filters' system binds, the project packages, the workdir read-write and
+    its protected files read-only, entered as the unprivileged sandbox uid (when the trainer
+    runs as root: the workdir is handed to that uid first) under the seccomp filter."""
     root = str(workdir.path.resolve())
-    args = sandbox.system_binds(tmp_bytes=TMP_BYTES, gpu=has_gpu())
+    identity = privilege.sandbox_identity(SANDBOX_UID)
+    if identity is not None:
+        _hand_over(root, identity)
+    args = sandbox.system_options(tmp_bytes=TMP_BYTES, gpu=has_gpu(), identity=identity)
     args += sandbox.package_binds(PACKAGES)
     args += ["--bind", root, root]
     for rel in sorted(workdir.protected):
         path = os.path.join(root, rel)
         args += ["--ro-bind-try", path, path]
-    return [*args, "--remount-ro", "/", "--chdir", root, "--", *command]
+    options = [*sandbox.with_parent_dirs(args), "--remount-ro", "/", "--chdir", "/"]
+    return sandbox.bwrap_command(options, command, identity=identity, cwd=root)
+
+
+def _hand_over(root: str, identity: privilege.Identity) -> None:
+    """Give the workdir to the sandbox uid so the command can write it (symlinks untouched)."""
+    os.chown(root, identity.uid, identity.gid, follow_symlinks=False)
+    for parent, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chown(os.path.join(parent, name), identity.uid, identity.gid, follow_symlinks=False)
 
 
 def run_bash(
@@ -102,19 +120,27 @@ def run_bash(
     if why:
         return Outcome("", "", 0, None, why)
     shell = ["bash", "--noprofile", "--norc", "-c"]
-    argv = sandbox_argv(workdir, [*shell, SHELL.format(blocks=FILE_BYTES >> 10), "agent", command])
     env = sandbox_env(workdir.path.resolve(), cuda_visible_devices)
     try:
+        launch = sandbox_command(
+            workdir, [*shell, SHELL.format(blocks=FILE_BYTES >> 10), "agent", command]
+        )
+    except (OSError, privilege.SeccompUnavailable) as exc:
+        return Outcome("", "", 0, None, f"the sandbox could not be prepared: {exc}")
+    try:
         proc = subprocess.Popen(
-            argv,
+            launch.argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
+            pass_fds=launch.fds,
             start_new_session=True,
         )
     except OSError as exc:
         return Outcome("", "", 0, None, f"bwrap could not start: {exc}")
+    finally:
+        launch.close()
     deadline = time.monotonic() + timeout_s
     with proc.stdout:
         head, tail, dropped = _read(proc, deadline, keep_bytes)
@@ -137,19 +163,25 @@ def probe() -> str:
         return ""
     if not sandbox.bwrap_available():
         return "bwrap is not installed"
+    why = privilege.seccomp_problem()
+    if why:
+        return why
     with tempfile.TemporaryDirectory(prefix="opsynth-probe-") as tmp:
         probe_wd = Workdir(Path(tmp), "probe", {})
-        argv = sandbox_argv(probe_wd, [sys.executable, "-P", "-c", "import trainer.workdir"])
+        launch = sandbox_command(probe_wd, [sys.executable, "-P", "-c", "import trainer.workdir"])
         try:
             proc = subprocess.run(
-                argv,
+                launch.argv,
                 env=sandbox_env(Path(tmp)),
+                pass_fds=launch.fds,
                 capture_output=True,
                 timeout=PROBE_TIMEOUT_S,
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bwrap probe failed: {exc}"
+        finally:
+            launch.close()
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace")[-500:]
         return f"bwrap probe exited {proc.returncode}: {err}"

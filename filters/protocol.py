@@ -1,0 +1,99 @@
+"""What a verdict row from a sandboxed process may look like, checked field by field.
+
+Everything a candidate's process reports is untrusted: its child writes the rows the worker
+relays, and the worker itself runs in the same sandbox. Both the worker (on its child's
+rows) and the pool (on the worker's lines) check a row here before using it; a row that
+fails is the candidate's ``protocol_violation``, never an exception in the orchestrator.
+
+Standard library only: the sandboxed worker imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from filters import reasons
+
+MAX_MEASURES = 64
+MAX_KEY_CHARS = 64
+MAX_TEXT_CHARS = 4000
+MAX_DETAIL_CHARS = 20000
+MAX_DEPTH = 4  # nesting of lists/objects inside one measure
+MAX_ITEMS = 4096  # values in all measures of one row together
+
+
+def row_problem(row: Any, expected_stage: str | None) -> str:
+    """Why ``row`` is not a well-formed verdict for ``expected_stage``; "" when it is."""
+    if not isinstance(row, dict):
+        return f"a verdict must be an object, got {type(row).__name__}"
+    if expected_stage is None:
+        return "a verdict arrived after the last stage"
+    if row.get("stage") != expected_stage:
+        return f"verdict for stage {_show(row.get('stage'))}, expected {expected_stage!r}"
+    passed = row.get("passed")
+    if not isinstance(passed, bool):
+        return f"'passed' must be true or false, got {_show(passed)}"
+    reason = row.get("reason")
+    if not isinstance(reason, str) or reason not in reasons.ALL:
+        return f"unknown reason code {_show(reason)}"
+    if (reason == reasons.OK) != passed:
+        return f"reason {reason!r} contradicts passed={passed}"
+    detail = row.get("detail", "")
+    if not isinstance(detail, str) or len(detail) > MAX_DETAIL_CHARS:
+        return "'detail' must be a string of at most 20000 characters"
+    elapsed = row.get("elapsed_s", 0.0)
+    if not _finite_number(elapsed) or elapsed < 0:
+        return f"'elapsed_s' must be a finite non-negative number, got {_show(elapsed)}"
+    return measures_problem(row.get("measures", {}))
+
+
+def measures_problem(measures: Any) -> str:
+    """Why ``measures`` is not a small JSON map of names to plain values (numbers finite,
+    nesting shallow, size bounded); "" when it is."""
+    if not isinstance(measures, dict):
+        return f"'measures' must be an object, got {type(measures).__name__}"
+    if len(measures) > MAX_MEASURES:
+        return f"'measures' has {len(measures)} entries > {MAX_MEASURES}"
+    budget = [MAX_ITEMS]
+    for key, value in measures.items():
+        if not isinstance(key, str) or len(key) > MAX_KEY_CHARS:
+            return f"measure name {_show(key)} is not a short string"
+        if not _plain_value(value, MAX_DEPTH, budget):
+            return f"measure {key!r} has a value of unexpected form: {_show(value)}"
+    return ""
+
+
+def _plain_value(value: Any, depth: int, budget: list[int]) -> bool:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return _finite_number(value)
+    if isinstance(value, str):
+        return len(value) <= MAX_TEXT_CHARS
+    if depth <= 0:
+        return False
+    if isinstance(value, list):
+        return all(_plain_value(item, depth - 1, budget) for item in value)
+    if isinstance(value, dict):
+        return all(
+            isinstance(key, str)
+            and len(key) <= MAX_KEY_CHARS
+            and _plain_value(item, depth - 1, budget)
+            for key, item in value.items()
+        )
+    return False
+
+
+def _finite_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

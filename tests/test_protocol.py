@@ -1,0 +1,64 @@
+"""What the orchestrator accepts from a sandboxed process: every malformed field is named."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from filters import protocol, reasons
+
+GOOD_ROW = {
+    "stage": "eager",
+    "passed": True,
+    "reason": "ok",
+    "detail": "",
+    "elapsed_s": 0.25,
+    "measures": {"eager_ms": 1.5, "shapes": [[2, 3], [4]], "note": None, "fused": True},
+}
+
+
+def test_a_well_formed_row_passes() -> None:
+    assert protocol.row_problem(GOOD_ROW, "eager") == ""
+    failed = {**GOOD_ROW, "passed": False, "reason": "constant_output"}
+    assert protocol.row_problem(failed, "eager") == ""
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"stage": "compile"}, "expected 'eager'"),
+        ({"passed": 1}, "'passed'"),
+        ({"reason": "totally_fine"}, "unknown reason"),
+        ({"reason": "constant_output"}, "contradicts"),
+        ({"passed": False}, "contradicts"),
+        ({"detail": 7}, "'detail'"),
+        ({"detail": "x" * (protocol.MAX_DETAIL_CHARS + 1)}, "'detail'"),
+        ({"elapsed_s": "fast"}, "'elapsed_s'"),
+        ({"elapsed_s": math.nan}, "'elapsed_s'"),
+        ({"elapsed_s": -1.0}, "'elapsed_s'"),
+        ({"elapsed_s": True}, "'elapsed_s'"),
+        ({"measures": [1, 2]}, "'measures' must be an object"),
+        ({"measures": {"eager_ms": math.inf}}, "eager_ms"),
+        ({"measures": {"deep": [[[[[[1]]]]]]}}, "deep"),
+        ({"measures": {"big": list(range(protocol.MAX_ITEMS + 1))}}, "big"),
+        ({"measures": {str(i): i for i in range(protocol.MAX_MEASURES + 1)}}, "entries"),
+        ({"measures": {"k" * 100: 1}}, "not a short string"),
+        ({"measures": {"obj": object()}}, "unexpected form"),
+    ],
+)
+def test_each_malformed_field_is_named(change: dict, says: str) -> None:
+    assert says in protocol.row_problem({**GOOD_ROW, **change}, "eager")
+
+
+@pytest.mark.parametrize("row", [None, [], "ok", 3, ["eager", True]])
+def test_a_row_that_is_not_an_object_is_refused(row: object) -> None:
+    assert "must be an object" in protocol.row_problem(row, "eager")
+
+
+def test_a_row_after_the_last_stage_is_refused() -> None:
+    assert "after the last stage" in protocol.row_problem(GOOD_ROW, None)
+
+
+def test_the_reason_code_is_documented() -> None:
+    assert "protocol_violation" in reasons.INFRA
