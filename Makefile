@@ -37,7 +37,7 @@ run: $(STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 format: $(STAMP)
 	$(BIN)/ruff format .
