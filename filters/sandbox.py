@@ -277,7 +277,8 @@ def bwrap_command(
 ) -> Command:
     """Run ``command`` in the sandbox ``options`` describe, under the seccomp filter, entered
     through ``filters.sandbox_entry`` (which drops to ``identity`` and closes every inherited
-    descriptor but ``keep_fds``, then enters ``cwd``). Raises ``privilege.SeccompUnavailable`` without libseccomp."""
+    descriptor but ``keep_fds``, then enters ``cwd``). Raises
+    ``privilege.SeccompUnavailable`` without libseccomp."""
     seccomp = privilege.seccomp_fd()
     listing = os.memfd_create("opsynth-bwrap-args", os.MFD_CLOEXEC)
     try:

@@ -4,8 +4,9 @@ descriptors the command needs, then exec the command.
 ``python -m filters.sandbox_entry UID GID KEEP_FDS CWD -- COMMAND...``. UID/GID ``-`` keeps
 the current ids (bwrap started unprivileged already maps us to one). KEEP_FDS is a comma list
 (may be empty). CWD (``-``: stay) is entered after the drop: a directory handed to the
-sandbox uid may be closed to root without capabilities. It exits 126 with one line on stderr when it cannot do what it was asked:
-running the command as root by mistake is worse than not running it.
+sandbox uid may be closed to root without capabilities. It exits 126 with one line on stderr
+when it cannot do what it was asked: running the command as root by mistake is worse than not
+running it.
 
 Why a separate step: bubblewrap started by root, without a user namespace, runs its command
 as host root with the capabilities it was told to keep (only CAP_SETUID/CAP_SETGID here);
