@@ -24,6 +24,14 @@ def test_a_well_formed_row_passes() -> None:
     assert protocol.row_problem(failed, "eager") == ""
 
 
+def test_a_task_with_a_thousand_outputs_is_not_a_violation() -> None:
+    """``torch.unbind`` of a 1024-row batch returns 1024 tensors, each described in the eager
+    row's measures: an honest candidate, which must get its verdict on its merits."""
+    outputs = [{"shape": [3, 32, 32], "dtype": "float32"} for _ in range(1024)]
+    row = {**GOOD_ROW, "measures": {**GOOD_ROW["measures"], "outputs": outputs}}
+    assert protocol.row_problem(row, "eager") == ""
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -40,7 +48,7 @@ def test_a_well_formed_row_passes() -> None:
         ({"elapsed_s": True}, "'elapsed_s'"),
         ({"measures": [1, 2]}, "'measures' must be an object"),
         ({"measures": {"eager_ms": math.inf}}, "eager_ms"),
-        ({"measures": {"deep": [[[[[[1]]]]]]}}, "deep"),
+        ({"measures": {"deep": [[[[[[[[1]]]]]]]]}}, "deep"),
         ({"measures": {"big": list(range(protocol.MAX_ITEMS + 1))}}, "big"),
         ({"measures": {str(i): i for i in range(protocol.MAX_MEASURES + 1)}}, "entries"),
         ({"measures": {"k" * 100: 1}}, "not a short string"),
