@@ -266,6 +266,7 @@ class WorkerPool:
         self._paths_cache = ""
         self._lock_dir = LOCK_DIR
         self._identity: privilege.Identity | None = None
+        self._dirs_for = ""  # the sandbox kind the shared dirs were made for
         self._start_failures = 0
         self._start_failure_detail = ""
         self._serial = 0
@@ -301,7 +302,7 @@ class WorkerPool:
             count = worker_count(self.cfg, self.device, host_cores(), len(self._gpus))
             self._threads = max(1, host_cores() // count)
             self._kind = self._choose_sandbox()
-            self._shared_dirs()
+            self._shared_dirs(self._kind)
             self._configure()
             self._workers = [None] * count
             self.stats["workers"] = count
@@ -324,7 +325,7 @@ class WorkerPool:
             self._kill_all()
             self._kind = "rlimits"
             self.stats["sandbox"] = "rlimits"
-            self._shared_dirs()
+            self._shared_dirs("rlimits")
             self._configure()
             self._start_all()
 
@@ -357,12 +358,12 @@ class WorkerPool:
         only when the user asked for it or allowed it: untrusted code is never run unsandboxed
         by default."""
         if self.cfg.sandbox == "rlimits":
-            if not self.cfg.allow_unsafe:
-                raise PoolError(f"sandbox 'rlimits' runs untrusted code unisolated; {UNSAFE_HINT}")
+            refused = isolation_problem(self.cfg)
+            if refused:
+                raise PoolError(refused)
             kind = "rlimits"
         else:
-            self._kind = "bwrap"
-            self._shared_dirs()
+            self._shared_dirs("bwrap")  # the probe runs with the dirs the workers will have
             why = sandbox.probe_bwrap(
                 paths=self._paths(self._root or "/"),
                 device=self.device,
@@ -378,11 +379,15 @@ class WorkerPool:
         self.stats["sandbox"] = kind
         return kind
 
-    def _shared_dirs(self) -> None:
-        """The compile cache and GPU lock dir the workers share, owned by the uid the sandbox
-        runs as (a directory of its own under the cache, so root's entries are never used)."""
+    def _shared_dirs(self, kind: str) -> None:
+        """The compile cache and GPU lock dir the workers of ``kind`` share, owned by the uid
+        the sandbox runs as (a directory of its own under the cache, so root's entries are never
+        used). Made once per kind: the probe already made the ones its workers use."""
+        if self._dirs_for == kind:
+            return
+        self._dirs_for = kind
         self._identity = (
-            privilege.sandbox_identity(self.cfg.sandbox_uid) if self._kind == "bwrap" else None
+            privilege.sandbox_identity(self.cfg.sandbox_uid) if kind == "bwrap" else None
         )
         cache = self.cfg.cache_dir or default_cache_dir()
         locks = LOCK_DIR

@@ -129,9 +129,12 @@ def run(
 
 def _with_unsafe(cfg: RunConfig, unsafe: bool) -> RunConfig:
     """The config with ``--unsafe`` applied; without it, a run that could only execute task
-    code unsandboxed is refused here, before anything is computed."""
+    code unsandboxed is refused here, before anything is computed (an existing cluster's
+    workers may have a sandbox this host lacks: their pools decide)."""
     if unsafe:
         return cfg.with_section("filters", allow_unsafe=True)
+    if cfg.runner.kind != "local" and cfg.runner.address:
+        return cfg
     why = isolation_problem(cfg.filters)
     if why:
         raise UserError(why)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from filters import privilege, sandbox
+from opsynth.config import FiltersConfig
 from trainer.workdir import Workdir
 
 PACKAGES = ("opsynth", "filters", "evaluator", "trainer")
@@ -36,8 +37,8 @@ KILL_GRACE_S = 5.0
 FILE_BYTES = 4 << 30
 SHELL = 'ulimit -f {blocks} && exec bash --noprofile --norc -c "$1"'
 PROBE_TIMEOUT_S = 60.0
-# The host uid commands run as when the trainer runs as root (nobody), as for the filters.
-SANDBOX_UID = 65534
+# The host uid commands run as when the trainer runs as root: the filters' default (nobody).
+SANDBOX_UID = FiltersConfig.model_fields["sandbox_uid"].default
 
 
 @dataclass(frozen=True)
