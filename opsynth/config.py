@@ -236,10 +236,11 @@ class ComposeConfig(_Section):
         "4-D input rather than its unbatched 3-D one)",
     )
     rebind_limit: int = Field(
-        default=200,
+        default=64,
         ge=1,
-        description="argument sets derived per operator and input shape (cheap: only "
-        "solve_attempts of them are run on meta, those of the validated form first)",
+        description="argument sets derived per operator and input shape, among which "
+        "solve_attempts are run on meta, those of the validated form first; each derived set "
+        "costs compose time, and sizes and attributes vary separately (synth.solve.VARIED)",
     )
     max_vector_length: int = Field(
         default=1 << 24, ge=2, description="longest rank-1 input the cost model may pick"
@@ -591,7 +592,13 @@ class SizingConfig(_Section):
         description="largest factor one step may change the batch by; small sizes are "
         "launch-bound, so one measurement can overstate how far to go",
     )
-    max_value: int = Field(default=1 << 16, ge=1, description="the batch never grows beyond this")
+    max_value: int = Field(
+        default=1 << 28,
+        ge=1,
+        description="the batch never grows beyond this; high, because a rank-1 task's batch is "
+        "its length and a cheap elementwise chain needs hundreds of millions of elements to "
+        "fill a millisecond on a large GPU (max_device_gib is the bound that matters there)",
+    )
     max_device_gib: float = Field(
         default=8.0,
         ge=0,

@@ -11,6 +11,7 @@ transformers seed through as is. Everything is driven by one RNG seeded from
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -27,15 +28,18 @@ import torch
 import synth
 from opsynth.config import ComposeConfig
 from opsynth.record import Task
+from opsynth.taxonomy import category
 from synth.catalog.serialize import spec_from_json
 from synth.chain import Chain, build_callables, draw_inputs, execute
 from synth.cost import fit_batch, measure
 from synth.degenerate import Degenerate, check_sample
 from synth.emit import render_task
-from synth.sampling import TRANSFORMERS, Sampler, chain_length, split_seeds
-from synth.solve import VECTOR_BATCH, Seed, Solver, rebatch
+from synth.sampling import TRANSFORMERS, Sampler, chain_length, seed_name, split_seeds
+from synth.solve import VECTOR_BATCH, Seed, Solver, is_dropout, rebatch
 
 COMPOSER = "offline"
+UNBATCHED_RANK = {"1d": 2, "2d": 3, "3d": 4}
+UNUSED_ATTEMPTS = 4  # draws of a single-operator task spent on operators no chain has used
 COMPOSER_VERSION = synth.__version__
 
 log = logging.getLogger(__name__)
@@ -66,16 +70,6 @@ def compose(
     produced = [tuple(ops) for ops in produced]
     sources = _Drawer(seeds, cfg, round_index, config_hash, produced).sampler.sources(n)
     chunks = [sources[i : i + cfg.chunk_size] for i in range(0, n, cfg.chunk_size)]
-    jobs = [
-        (seeds, cfg, round_index, config_hash, produced, c, part) for c, part in enumerate(chunks)
-    ]
-    workers = min(len(jobs), cfg.workers or os.cpu_count() or 1)
-    if workers > 1:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            results = list(pool.map(_compose_chunk, jobs))
-    else:
-        results = [_compose_chunk(job) for job in jobs]
     tasks: list[Task] = []
     seen_ids: set[str] = set()
     seen_ops: set[tuple[str, ...]] = set(produced)
@@ -93,17 +87,54 @@ def compose(
             tasks.append(task)
         return again
 
-    redraw = [source for chunk in results for source in keep(chunk, by_ops=True)]
-    for attempt in range(3):  # a redraw can again meet a task made elsewhere; rarely twice
-        if not redraw:
-            break
-        job = (seeds, cfg, round_index, config_hash, sorted(seen_ops), f"redraw{attempt}", redraw)
-        redraw = keep(_compose_chunk(job), by_ops=False)
+    common = (cfg, round_index, config_hash)
+    workers = min(len(chunks), cfg.workers or os.cpu_count() or 1)
+    with _chunk_runner(seeds, workers) as run:
+        jobs = [(*common, produced, c, part) for c, part in enumerate(chunks)]
+        redraw = [source for made in run(jobs) for source in keep(made, by_ops=True)]
+        # A draw that met a task or sequence another chunk made is drawn again, knowing every
+        # chunk's sequences, in parts of a fixed size (so the result does not depend on the
+        # process count); the last round accepts a repeated sequence when no new one is left.
+        for attempt in range(REDRAW_ROUNDS):
+            if not redraw:
+                break
+            last = attempt == REDRAW_ROUNDS - 1
+            known = sorted(seen_ops)
+            parts = [redraw[i : i + REDRAW_PART] for i in range(0, len(redraw), REDRAW_PART)]
+            if last:
+                parts = [redraw]
+            jobs = [(*common, known, f"redraw{attempt}.{i}", part) for i, part in enumerate(parts)]
+            redraw = [source for made in run(jobs) for source in keep(made, by_ops=not last)]
     return tasks
 
 
-def _compose_chunk(job: tuple) -> list[Task]:
-    seeds, cfg, round_index, config_hash, produced, chunk, sources = job
+REDRAW_ROUNDS = 3
+REDRAW_PART = 25
+_WORKER_SEEDS: list[Task] = []
+
+
+def _set_worker_seeds(seeds: list[Task]) -> None:
+    """A compose process receives the seeds once, not with every chunk."""
+    _WORKER_SEEDS[:] = seeds
+
+
+@contextlib.contextmanager
+def _chunk_runner(seeds: list[Task], workers: int):
+    """A function running chunk jobs in order: in a pool of spawned processes that keeps its
+    memoised solves across chunks and redraw rounds, or here for one worker."""
+    if workers <= 1:
+        yield lambda jobs: [_compose_chunk(job, seeds) for job in jobs]
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_set_worker_seeds, initargs=(seeds,)
+    ) as pool:
+        yield lambda jobs: list(pool.map(_compose_chunk, jobs))
+
+
+def _compose_chunk(job: tuple, seeds: list[Task] | None = None) -> list[Task]:
+    cfg, round_index, config_hash, produced, chunk, sources = job
+    seeds = _WORKER_SEEDS if seeds is None else seeds
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the sample checks' sums then do not depend on the host
     try:
@@ -135,12 +166,20 @@ def composable(seed: Task) -> Seed | None:
     """The solver's view of a catalogue seed; None for seeds without a usable spec (stochastic
     or in-place operators, or seed rows written before specs were recorded)."""
     info = seed.meta.get("seed") or {}
-    if "spec" not in info or {"stochastic", "inplace"} & set(info.get("flags", [])):
+    flags = set(info.get("flags", []))
+    if "spec" not in info or "inplace" in flags:
         return None
+    if "stochastic" in flags and not is_dropout(seed_name(seed)):
+        return None  # dropout is composed at p=0 (synth.solve.NO_DROP)
     ranks = tuple(sorted(int(r) for r in (info.get("ranks") or {}))) or (
         (len(info["input_shapes"][0]),) if info.get("input_shapes") else ()
     )
     spec = spec_from_json(info["spec"])
+    suffix = spec.name[-2:].lower()
+    if category(spec.name) == "conv" and suffix in UNBATCHED_RANK:
+        # An unbatched input (C, H, W) to a 2-d convolution makes the task's batch dim its
+        # channels: the weight would be sized for one batch, so only batched ranks chain.
+        ranks = tuple(r for r in ranks if r != UNBATCHED_RANK[suffix])
     main = next((a for a in spec.args if a.tensor), None)
     dtypes = frozenset(a.dtype for a in spec.args if a.tensor)
     returns_tuple = len(info.get("output_shapes") or []) > 1
@@ -230,6 +269,10 @@ class _Drawer:
         for attempt in range(cfg.max_attempts):
             tuple_end = bool(tuples) and self.rng.random() < cfg.tuple_output_share
             first = self.sampler.pick_among(tuples) if tuple_end and k == 1 else None
+            if first is None and k == 1 and attempt < UNUSED_ATTEMPTS:
+                # a single-operator task goes to an operator no chain has used yet, so the
+                # operators chains rarely fit (complex or boolean outputs) appear at least once
+                first = self.sampler.pick_among(self.sampler.unused())
             if first is None:  # no tuple end wanted, or none of those seeds may be drawn
                 tuple_end = tuple_end and k > 1
                 first = self.sampler.pick_among(range(len(self.seeds)))

@@ -27,8 +27,14 @@ from synth.chain import (
     weight_names,
 )
 
-# Operators that are identities by definition; Ops-6K keeps them as tasks of their own.
+# Operators that are identities by definition; Ops-6K keeps them as tasks of their own (and
+# dropout, composed at p=0: ``synth.solve.NO_DROP``).
 IDENTITY_OPS = frozenset({"torch.clone", "torch.detach", "nn.Identity", "torch.Tensor.contiguous"})
+
+
+def is_dropout(name: str) -> bool:
+    """Dropout-family operators: stochastic, but an identity at p=0 (``synth.solve.NO_DROP``)."""
+    return "dropout" in name.lower()
 
 
 class Degenerate(Exception):
@@ -89,7 +95,9 @@ def _check_links(chain: Chain, trace: list[tuple[Any, Any]]) -> None:
     for link, (before, after) in zip(chain.links, trace, strict=True):
         if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
             continue
-        if link.name in IDENTITY_OPS or before.shape != after.shape or before.dtype != after.dtype:
+        if link.name in IDENTITY_OPS or is_dropout(link.name):
+            continue
+        if before.shape != after.shape or before.dtype != after.dtype:
             continue
         fb, fa = _real(before), _real(after)
         scale = float(fb.abs().max()) if fb.numel() else 0.0

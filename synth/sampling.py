@@ -125,10 +125,12 @@ def profile_weights(names: Sequence[str], cfg: ComposeConfig) -> list[float]:
     return [w * cfg.op_weights.get(n, 1.0) for w, n in zip(weights, names, strict=True)]
 
 
-def _behind(target: float, got: int) -> float:
-    """How strongly to favour a category: target over produced to the fifth power, so a
-    category a few points off its share is pulled back within a few hundred tasks."""
-    return ((target + 1) / (got + 1)) ** 5
+def _behind(wanted: float, got: int) -> float:
+    """How strongly to favour a category: wanted over produced tasks to the fifth power
+    (within ``CATEGORY_BOOST`` either way). Categories whose operators solve less often
+    (convolutions: memory and runtime refusals) or that fill any later link (activations)
+    drift by several points under a linear pull; this one holds them within a point or two."""
+    return min(CATEGORY_BOOST, max(1 / CATEGORY_BOOST, ((wanted + 1) / (got + 1)) ** 5))
 
 
 def _category_targets(names: Sequence[str], cfg: ComposeConfig):
@@ -175,9 +177,25 @@ class Sampler:
         self.weights = list(self.base)
         self.mix = effective_mix(cfg.mix, chains=total > 0, standalone=bool(self.standalone))
         self.produced: set[tuple[str, ...]] = {tuple(ops) for ops in produced}
+        self._count_produced()
         unknown = sorted(set(cfg.op_weights) - set(self.names))
         if unknown:
             log.info("compose.op_weights names ops not in the seed set: %s", unknown)
+
+    def _count_produced(self) -> None:
+        """Start the category shares from the chains produced before this sampler (earlier
+        rounds, other chunks when redrawing), so a later draw makes up what they lack."""
+        if not self.category_target:
+            return
+        known = set(self.names)
+        index = {name: i for i, name in enumerate(self.names)}
+        for ops in self.produced:
+            if ops and all(name in known for name in ops):
+                self.tasks_marked += 1
+                for cat in {self.categories[index[name]] for name in ops}:
+                    self.category_got[cat] = self.category_got.get(cat, 0) + 1
+        if self.tasks_marked:
+            self._reweigh()
 
     def sources(self, n: int) -> list[str]:
         """n data sources drawn independently from the effective mix."""
@@ -217,6 +235,11 @@ class Sampler:
             picks, ops = self.pick(k)
         return picks, ops, ops not in self.produced
 
+    def unused(self) -> list[int]:
+        """Chainable seeds whose operator no produced sequence contains."""
+        used = {name for ops in self.produced for name in ops}
+        return [i for i, name in enumerate(self.names) if name not in used]
+
     def is_new(self, ops: Sequence[str]) -> bool:
         return tuple(ops) not in self.produced
 
@@ -237,9 +260,7 @@ class Sampler:
         """Scale each operator by how far it and its category are behind their targets."""
         total, tasks = self.picked, self.tasks_marked
         factor = {
-            c: min(
-                MAX_BOOST, max(1 / MAX_BOOST, (t * tasks + 1) / (self.category_got.get(c, 0) + 1))
-            )
+            c: _behind(t * tasks, self.category_got.get(c, 0))
             for c, t in self.category_target.items()
         }
         self.weights = [

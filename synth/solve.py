@@ -23,7 +23,7 @@ from synth.catalog.probe import build, make_tensor
 from synth.catalog.rebind import main_index, rebind
 from synth.catalog.spec import CatalogSpec, InputSpec
 from synth.chain import Chain, Link, call_link, continuation, expanded, follow, tensors_in
-from synth.degenerate import Degenerate
+from synth.degenerate import Degenerate, is_dropout
 
 # Sample batches: the chain is solved at SOLVE_BATCH and replayed at REPLAY_BATCH; the dims
 # that differ are the batch. Rank-1 inputs are all batch, so theirs are longer.
@@ -52,6 +52,12 @@ VARIED: dict[str, str | tuple[Any, ...]] = {
     "diagonal": (-1, 0, 1),
     "shifts": (1, 2, 3),
 }
+# A loss (or any operator taking ``reduction``) that reduces to a scalar is tried unreduced:
+# the catalogue records only required arguments, so the default mean would otherwise end the
+# chain, and a mean over a sized batch barely differs between inputs (indistinguishable).
+UNREDUCED = ("reduction", "none")
+# Dropout is composed with p=0: an identity, as the released set keeps it, and deterministic.
+NO_DROP = ("p", 0.0)
 DTYPES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
 
 
@@ -100,6 +106,8 @@ class _Choice:
 
 
 def _vary(spec: CatalogSpec, varied: Sequence[tuple[str, Any]]) -> CatalogSpec:
+    """``spec`` with the varied values; a varied name the spec does not pass yet (see
+    ``UNREDUCED``) becomes a keyword: a constructor keyword for modules, a call keyword else."""
     values = dict(varied)
     if not values:
         return spec
@@ -109,6 +117,13 @@ def _vary(spec: CatalogSpec, varied: Sequence[tuple[str, Any]]) -> CatalogSpec:
         replace(a, value=values[a.name]) if not a.tensor and a.name in values else a
         for a in spec.args
     )
+    passed = {k for k, _ in (*spec.init, *spec.init_kwargs)}
+    passed |= {a.name for a in spec.args if not a.tensor}
+    extra = tuple((k, v) for k, v in varied if k not in passed)
+    if extra and spec.kind == "module":
+        kwargs += extra
+    elif extra:
+        args += tuple(InputSpec(k, tensor=False, value=v, keyword=True) for k, v in extra)
     return replace(spec, init=init, init_kwargs=kwargs, args=args)
 
 
@@ -323,18 +338,25 @@ class Solver:
             wanted = dtype if position else seed.main_dtype
             if main_arg is None or (main_arg.dtype != wanted and not integer_first):
                 continue
+            key = (seed.id, position == 0, target, dtype, index)
             for varied in _variations(base, self.rng, self.cfg):
-                spec = _vary(base, varied)
-                link = Link(seed.id, spec, main, _link_inputs(spec, main, set(state.taken)))
-                trial = {**state.inputs, **_meta_inputs([link])}
-                key = (seed.id, position == 0, target, dtype, index, varied)
+                if is_dropout(base.name):
+                    varied = (*varied, NO_DROP)
                 try:
-                    out = self._propagate(key, link, running, trial)
+                    link, trial, out = self._attempt(state, base, main, key, varied)
                 except Degenerate as exc:
                     last = exc
                     continue
                 path = continuation(out)
                 following = follow(out, path)
+                if following.dim() == 0 and UNREDUCED[0] not in dict(varied):
+                    varied = (*varied, UNREDUCED)
+                    try:
+                        link, trial, out = self._attempt(state, base, main, key, varied)
+                        path = continuation(out)
+                        following = follow(out, path)
+                    except Degenerate:
+                        varied = varied[:-1]  # takes no reduction: stays a scalar
                 if following.dim() == 0 and position < k - 1:
                     last = Degenerate("scalar", f"{seed.spec.name} leaves a scalar mid-chain")
                     continue
@@ -344,6 +366,15 @@ class Solver:
                 state.inputs, state.running = trial, following
                 return
         raise last
+
+    def _attempt(self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple):
+        """One argument variation of ``base`` as the next link, run on meta: the link, the
+        meta inputs with its own, and its output; or Degenerate. ``key`` names the seed, the
+        running tensor and the argument set, for ``_propagate``."""
+        spec = _vary(base, varied)
+        link = Link(key[0], spec, main, _link_inputs(spec, main, set(state.taken)))
+        trial = {**state.inputs, **_meta_inputs([link])}
+        return link, trial, self._propagate((*key, varied), link, state.running, trial)
 
     def _replay(self, seeds: Sequence[Seed], choices: Sequence[_Choice], shape) -> list[Link]:
         links: list[Link] = []

@@ -22,6 +22,7 @@ TEST_OPERATORS = [
     "nn.MSELoss",
     "nn.Embedding",
     "F.gelu",
+    "nn.Dropout",
     "F.softmax",
     "F.pad",
     "F.interpolate",

@@ -108,6 +108,27 @@ def test_unsupported_and_flags_are_derived(seeds, verdicts):
     assert not flags["nn.Conv2d"] and not flags["torch.cumsum"]
 
 
+@pytest.mark.parametrize(
+    ("name", "stochastic"),
+    [
+        ("F.dropout2d", True),
+        ("nn.AlphaDropout", True),
+        ("torch.randn_like", True),
+        ("torch.normal", True),
+        ("F.rrelu", True),
+        ("F.normalize", False),
+        ("nn.LayerNorm", False),
+        ("torch.cumsum", False),
+    ],
+)
+def test_stochastic_operators_are_flagged_by_name_words(name, stochastic):
+    from synth.catalog.introspect import Entry
+    from synth.catalog.torch_library import base_flags
+
+    entry = Entry(name, "function", name, None)
+    assert ("stochastic" in base_flags(entry)) is stochastic
+
+
 def test_seed_tasks_are_kernelbench_format(seeds):
     for task in seeds:
         tree = ast.parse(task.code)

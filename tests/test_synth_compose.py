@@ -22,7 +22,8 @@ import torch
 import synth
 from opsynth.config import OPS6K_MIX, ComposeConfig
 from opsynth.record import Task
-from synth.compose import COMPOSER, compose
+from opsynth.taxonomy import category
+from synth.compose import COMPOSER, composable, compose
 from synth.sampling import TRANSFORMERS, Sampler, effective_mix, profile_weights, split_seeds
 
 CFG = ComposeConfig()
@@ -180,6 +181,37 @@ def test_same_seed_same_tasks_other_round_or_seed_other_tasks(catalogue_seeds, s
     first = {t.id for t in sample}
     assert len(first & {t.id for t in other_round}) <= 1
     assert len(first & {t.id for t in other_seed}) <= 1
+
+
+def test_the_tasks_do_not_depend_on_how_many_processes_compose_them(catalogue_seeds):
+    """Chunks and redraw parts have their own RNGs, so a pool of two processes (which keeps
+    its memoised solves across chunks and redraws) makes exactly the tasks one process does."""
+    cfg = CFG.model_copy(update={"chunk_size": 5})
+    alone = compose(catalogue_seeds, cfg.model_copy(update={"workers": 1}), n=15)
+    pooled = compose(catalogue_seeds, cfg.model_copy(update={"workers": 2}), n=15)
+    assert [t.id for t in pooled] == [t.id for t in alone]
+    assert len({tuple(t.ops) for t in alone}) == 15
+
+
+def test_a_convolution_never_takes_an_unbatched_input(catalogue_seeds):
+    """A (C, H, W) input to Conv2d would make the task's batch dim its channels."""
+    by_name = {t.ops[0]: composable(t) for t in catalogue_seeds}
+    assert 3 not in by_name["nn.Conv2d"].ranks and 4 in by_name["nn.Conv2d"].ranks
+    assert 2 not in by_name["nn.ConvTranspose1d"].ranks
+    assert 3 in by_name["nn.MaxPool2d"].ranks  # pooling is per channel: any leading dim
+
+
+def test_categories_behind_their_share_in_earlier_chains_are_drawn_more(catalogue_seeds):
+    """A sampler that starts after activation-only chains (an earlier round, other chunks)
+    pulls every other profiled category up and activations down."""
+    fresh = sampler(catalogue_seeds)
+    acts = {n for n in fresh.names if category(n) == "activation"}
+    later = Sampler(*split_seeds(catalogue_seeds), CFG, random.Random(0), [(a,) for a in acts])
+    assert later.category_got == {"activation": len(acts)}
+    weight = dict(zip(later.names, later.weights, strict=True))
+    before = dict(zip(fresh.names, fresh.weights, strict=True))
+    assert weight["torch.relu"] < before["torch.relu"]
+    assert weight["nn.Conv2d"] > before["nn.Conv2d"]
 
 
 def test_produced_op_sequences_are_avoided(catalogue_seeds, sample):
@@ -378,26 +410,49 @@ def test_a_tuple_output_is_returned_whole(catalogue_seeds, op, parts):
 
 
 def test_a_chained_loss_compares_the_running_tensor_with_a_target(catalogue_seeds):
-    """tanh -> MSELoss is the only sequence these two ops allow (a loss mid-chain leaves a
-    scalar; tanh -> tanh is the other), so every loss task here has the running tensor as
-    the loss input and a float target of its shape as a task input."""
-    tasks = composed(catalogue_seeds, "torch.tanh", "nn.MSELoss", mix={"torch#2": 1.0}, n=2)
+    """A loss is composed unreduced (``reduction='none'``): a mean over a sized batch barely
+    differs between inputs, and an unreduced loss can sit mid-chain. Every loss link compares
+    the running tensor with a float target of its shape, a task input."""
+    tasks = composed(catalogue_seeds, "torch.tanh", "nn.MSELoss", mix={"torch#2": 1.0}, n=3)
     losses = [t for t in tasks if "nn.MSELoss" in t.ops]
     assert losses
     for task in losses:
-        assert task.ops == ["torch.tanh", "nn.MSELoss"]
+        assert "reduction='none'" in task.code, task.code
         out, inputs = run_task(task)
-        x, target = inputs.values()
-        assert target.dtype == torch.float32 and target.shape == x.shape, task.code
-        assert out.dim() == 0
-        assert re.search(r"return self\.\w+\(x, ", task.code), task.code
+        assert out.dim() > 0, task.code
+        first = next(iter(inputs.values()))
+        assert out.shape == first.shape, task.code
+        targets = [t for name, t in inputs.items() if name != "x"]
+        assert targets and all(t.dtype == torch.float32 for t in targets), task.code
+        assert re.search(r"self\.\w+\(\w+, ", task.code), task.code
 
 
 def test_a_loss_alone_takes_its_input_and_target(catalogue_seeds):
     for task in composed(catalogue_seeds, "nn.MSELoss", mix={"torch#1": 1.0}):
         out, inputs = run_task(task)
         x, target = inputs.values()
-        assert target.dtype == torch.float32 and target.shape == x.shape and out.dim() == 0
+        assert target.dtype == torch.float32 and target.shape == x.shape == out.shape
+
+
+def test_dropout_is_composed_as_a_deterministic_identity(catalogue_seeds):
+    tasks = composed(catalogue_seeds, "torch.tanh", "nn.Dropout", mix={"torch#2": 1.0}, n=3)
+    dropped = [t for t in tasks if "nn.Dropout" in t.ops]
+    assert dropped
+    for task in dropped:
+        assert "nn.Dropout(p=0.0)" in task.code, task.code
+        model, inputs = load(task.code)
+        model.train()  # dropout's random mode: still an identity at p=0
+        (x,) = inputs.values()
+        expected = x
+        for _ in range(task.ops.count("torch.tanh")):
+            expected = torch.tanh(expected)
+        assert torch.equal(model(x), expected) and torch.equal(model(x), model(x))
+
+
+def test_a_full_reduction_without_a_reduction_argument_may_end_in_a_scalar(catalogue_seeds):
+    tasks = composed(catalogue_seeds, "torch.sum", mix={"torch#1": 1.0}, n=6)
+    scalars = [t for t in tasks if run_task(t)[0].dim() == 0]
+    assert scalars and all("reduction" not in t.code for t in scalars)
 
 
 @pytest.mark.parametrize("op", ["F.pad", "F.interpolate"])

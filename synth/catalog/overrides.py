@@ -322,7 +322,39 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "args": [("input", "x", {"dtype": "int64", "high": 10}), ("weight", (10, OUT_FEATURES))],
         "ranks": (2,),
     },
-    "F.one_hot": {"args": [("tensor", "x", {"dtype": "int64", "high": 10})], "ranks": (2,)},
+    "F.one_hot": {
+        "args": [("tensor", "x", {"dtype": "int64", "high": 10}), ("num_classes", 10)],
+        "ranks": (2,),
+    },
+    # Comparisons of random floats are constant (never equal; never zero for logical ops):
+    # small integer inputs make the result depend on them.
+    "torch.eq": {
+        "args": [
+            ("input", "x", {"dtype": "int64", "high": 3}),
+            ("other", "x", {"dtype": "int64", "high": 3}),
+        ]
+    },
+    "torch.ne": {
+        "args": [
+            ("input", "x", {"dtype": "int64", "high": 3}),
+            ("other", "x", {"dtype": "int64", "high": 3}),
+        ]
+    },
+    "torch.logical_not": {"args": [("input", "x", {"dtype": "int64", "high": 2})]},
+    "torch.count_nonzero": {"args": [("input", "x", {"dtype": "int64", "high": 2}), ("dim", -1)]},
+    "torch.logical_and": {
+        "args": [
+            ("input", "x", {"dtype": "int64", "high": 2}),
+            ("other", "x", {"dtype": "int64", "high": 2}),
+        ]
+    },
+    "torch.logical_or": {
+        "args": [
+            ("input", "x", {"dtype": "int64", "high": 2}),
+            ("other", "x", {"dtype": "int64", "high": 2}),
+        ]
+    },
+    "torch.split": {"args": [("tensor", "x"), ("split_size_or_sections", 16), ("dim", -1)]},
     "F.grid_sample": {
         "args": [("input", "x"), ("grid", ("B", 8, 8, 2), {"uniform": (-1.0, 1.0)})],
         "ranks": (4,),

@@ -80,11 +80,19 @@ def screen(entry: Entry) -> str:
 def base_flags(entry: Entry) -> tuple[str, ...]:
     short = entry.name.rpartition(".")[2].lower()
     flags = []
-    if any(k in short for k in STOCHASTIC_NAMES):
+    if _names_stochastic(short):
         flags.append("stochastic")
     if short.endswith("_") and not short.endswith("__"):
         flags.append("inplace")
     return tuple(flags)
+
+
+def _names_stochastic(short: str) -> bool:
+    """``dropout2d``, ``randn_like``, ``normal`` draw random numbers; ``normalize`` does not
+    (``normal`` must be a whole word of the name)."""
+    return "normal" in short.split("_") or any(
+        key in short for key in STOCHASTIC_NAMES if key != "normal"
+    )
 
 
 def _rejected(entry: Entry, reason: str, detail: str = "") -> CatalogSpec:
