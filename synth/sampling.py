@@ -177,6 +177,7 @@ class Sampler:
         self.weights = list(self.base)
         self.mix = effective_mix(cfg.mix, chains=total > 0, standalone=bool(self.standalone))
         self.produced: set[tuple[str, ...]] = {tuple(ops) for ops in produced}
+        self.used_names = {name for ops in self.produced for name in ops}
         self._count_produced()
         unknown = sorted(set(cfg.op_weights) - set(self.names))
         if unknown:
@@ -191,9 +192,7 @@ class Sampler:
         index = {name: i for i, name in enumerate(self.names)}
         for ops in self.produced:
             if ops and all(name in known for name in ops):
-                self.tasks_marked += 1
-                for cat in {self.categories[index[name]] for name in ops}:
-                    self.category_got[cat] = self.category_got.get(cat, 0) + 1
+                self._count_task([index[name] for name in ops])
         if self.tasks_marked:
             self._reweigh()
 
@@ -237,8 +236,7 @@ class Sampler:
 
     def unused(self) -> list[int]:
         """Chainable seeds whose operator no produced sequence contains."""
-        used = {name for ops in self.produced for name in ops}
-        return [i for i, name in enumerate(self.names) if name not in used]
+        return [i for i, name in enumerate(self.names) if name not in self.used_names]
 
     def is_new(self, ops: Sequence[str]) -> bool:
         return tuple(ops) not in self.produced
@@ -246,15 +244,20 @@ class Sampler:
     def mark(self, ops: Sequence[str], picks: Sequence[int] = ()) -> None:
         """Record a produced sequence (and, given its seed indices, their share so far)."""
         self.produced.add(tuple(ops))
+        self.used_names.update(ops)
         if picks:
-            self.tasks_marked += 1
-            for category in {self.categories[i] for i in picks}:
-                self.category_got[category] = self.category_got.get(category, 0) + 1
+            self._count_task(picks)
         for i in picks:
             self.got[i] += 1
             self.picked += 1
             if self.picked % REWEIGH_EVERY == 0:
                 self._reweigh()
+
+    def _count_task(self, picks: Sequence[int]) -> None:
+        """One more task, in every category its seeds fall in."""
+        self.tasks_marked += 1
+        for category in {self.categories[i] for i in picks}:
+            self.category_got[category] = self.category_got.get(category, 0) + 1
 
     def _reweigh(self) -> None:
         """Scale each operator by how far it and its category are behind their targets."""
