@@ -129,7 +129,7 @@ def _behind(wanted: float, got: int) -> float:
     """How strongly to favour a category: wanted over produced tasks to the fifth power
     (within ``CATEGORY_BOOST`` either way). Categories whose operators solve less often
     (convolutions: memory and runtime refusals) or that fill any later link (activations)
-    drift by several points under a linear pull; this one holds them within a point or two."""
+    drift from their share under a linear pull (benchmarks/compose_variety.py shows it)."""
     return min(CATEGORY_BOOST, max(1 / CATEGORY_BOOST, ((wanted + 1) / (got + 1)) ** 5))
 
 
