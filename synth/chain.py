@@ -20,6 +20,7 @@ import torch
 
 from synth.catalog.probe import build, make_tensor, value_of
 from synth.catalog.spec import CatalogSpec, InputSpec
+from synth.cost import Cost, counted_as_length, uncounted
 
 Shape = tuple[int, ...]
 
@@ -44,12 +45,15 @@ class Link:
 @dataclass(frozen=True)
 class Chain:
     """A solved chain at one batch size. ``returns_tuple``: the task returns the last link's
-    whole output. ``batch_dims`` maps each task input to the dims that are the batch."""
+    whole output. ``batch_dims`` maps each task input to the dims that are the batch.
+    ``cost``: one forward's cost at ``batch`` as the solver measured it link by link (None
+    when unknown, e.g. after a rebatch)."""
 
     links: tuple[Link, ...]
     batch: int
     returns_tuple: bool = False
     batch_dims: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
+    cost: Cost | None = field(default=None, hash=False, compare=False)
 
     @property
     def ops(self) -> list[str]:
@@ -156,7 +160,35 @@ def call_link(link: Link, fn: Any, running: Any, inputs: Mapping[str, Any]) -> A
             kwargs[arg.name] = value
         else:
             args.append(value)
+    if isinstance(fn, torch.nn.RNNBase) and args and getattr(args[0], "is_meta", False):
+        return _recurrent_on_meta(fn, args, kwargs)
     return fn(*args, **kwargs)
+
+
+def _recurrent_on_meta(fn: torch.nn.RNNBase, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """A recurrent module's output on meta from a few time steps: on meta, torch unrolls the
+    sequence into per-step cell ops in Python, which made recurrent chains the slowest part of
+    composing. The output's shape only depends on the sequence length through its time dim,
+    and its cost is a fixed part plus the length times a step's (``counted_as_length``)."""
+    sequence = args[0]
+    time_dim = 1 if fn.batch_first and sequence.dim() == 3 else 0
+    steps = sequence.shape[time_dim] if sequence.dim() else 0
+    if steps <= 3:
+        return fn(*args, **kwargs)
+
+    with uncounted():
+        short = {n: sequence.narrow(time_dim, 0, n).contiguous() for n in (2, 3)}
+
+    def run(length: int) -> Any:
+        return fn(short[length], *args[1:], **kwargs)
+
+    def widen(short: Any) -> Any:
+        output, hidden = short
+        shape = list(output.shape)
+        shape[time_dim] = steps
+        return output.new_empty(shape), hidden
+
+    return counted_as_length(run, steps, widen)
 
 
 def execute(

@@ -148,6 +148,16 @@ def _compose_chunk(job: tuple, seeds: list[Task] | None = None) -> list[Task]:
     return tasks
 
 
+def _measured(chain: Chain):
+    """The cost of a chain the solver did not measure, run whole on meta."""
+    inputs = draw_inputs(chain, "meta")
+    callables = build_callables(chain.links, "meta")
+    try:
+        return measure(lambda: execute(chain, callables, inputs))
+    except Exception as exc:  # an op whose meta kernel differs from its shape rule
+        raise Degenerate("shape", f"{type(exc).__name__}: {str(exc)[:160]}") from exc
+
+
 def standalone_task(seed: Task, composer: str, config_hash: str, meta: dict) -> Task:
     """A transformers seed as a task of its own: same code and id, this composer's provenance."""
     return Task(
@@ -314,12 +324,7 @@ class _Drawer:
         if tuple_end and chain.links[-1].pick:
             chain = replace(chain, returns_tuple=True)
         cfg = self.cfg
-        inputs = draw_inputs(chain, "meta")
-        callables = build_callables(chain.links, "meta")
-        try:
-            cost = measure(lambda: execute(chain, callables, inputs))
-        except Exception as exc:  # an op whose meta kernel differs from its shape rule
-            raise Degenerate("shape", f"{type(exc).__name__}: {str(exc)[:160]}") from exc
+        cost = chain.cost or _measured(chain)
         largest_input = max(
             (math.prod(a.shape) / 1e6 for a in chain.input_specs().values()), default=0.0
         )

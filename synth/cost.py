@@ -2,20 +2,22 @@
 timing anything (timings would make composing depend on the machine's load).
 
 Eager torch on a small CPU is dominated by streaming elements through memory (every aten op
-writes its output) and by multiply-adds in matmuls and convolutions. Running the chain once on
-the ``meta`` device under a dispatch mode lists every aten op it really calls, with shapes,
-whatever operator the catalogue supplied: the elements each op reads and writes and the
-multiply-adds of
-the dense ones are summed and priced with ``compose.cpu_ms_per_melem`` and
-``compose.cpu_ms_per_gmac``. Both grow in proportion to the batch, which makes fitting the
-batch a division.
+writes its output) and by multiply-adds in matmuls and convolutions. Running a link on the
+``meta`` device under a dispatch mode (``counting``) lists every aten op it really calls, with
+shapes, whatever operator the catalogue supplied: the elements each op reads and writes and
+the multiply-adds of the dense ones are summed and priced with ``compose.cpu_ms_per_melem``
+and ``compose.cpu_ms_per_gmac``. The solver counts each link as it propagates shapes, so a
+chain's cost is the sum of its links' without running it again. Both grow in proportion to
+the batch, which makes fitting the batch a division.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -75,12 +77,73 @@ class _Counter(TorchDispatchMode):
         return out
 
 
+_MEASURING: list[_Counter] = []
+
+
+@contextlib.contextmanager
+def counting():
+    """A counter of the aten ops (on meta tensors) run inside."""
+    counter = _Counter()
+    _MEASURING.append(counter)
+    try:
+        with counter, torch.no_grad():
+            yield counter
+    finally:
+        _MEASURING.pop()
+
+
+def cost_of(counter: _Counter) -> Cost:
+    return Cost(counter.elems / 1e6, counter.macs / 1e9, counter.largest / 1e6)
+
+
 def measure(run) -> Cost:
     """Cost of ``run()`` (a call on meta tensors)."""
-    counter = _Counter()
-    with counter, torch.no_grad():
+    with counting() as counter:
         run()
-    return Cost(counter.elems / 1e6, counter.macs / 1e9, counter.largest / 1e6)
+    return cost_of(counter)
+
+
+def total(costs: Iterable[Cost]) -> Cost:
+    """The cost of running one after another what each of ``costs`` measured."""
+    costs = list(costs)
+    return Cost(
+        sum(c.melems for c in costs),
+        sum(c.gmacs for c in costs),
+        max((c.largest_melems for c in costs), default=0.0),
+    )
+
+
+@contextlib.contextmanager
+def uncounted():
+    """What runs inside is left out of the active count (inputs made for a stand-in run)."""
+    counter = _MEASURING[-1] if _MEASURING else None
+    saved = (counter.elems, counter.macs, counter.largest) if counter else None
+    try:
+        yield
+    finally:
+        if counter is not None and saved is not None:
+            counter.elems, counter.macs, counter.largest = saved
+
+
+def counted_as_length(run: Callable[[int], Any], steps: int, widen: Callable[[Any], Any]) -> Any:
+    """``widen(run(3))`` as the output of ``run(steps)``, counted as ``run(steps)``: a
+    recurrence's cost is a fixed part (its initial state) plus one step's times the length, so
+    ``run(2)`` and ``run(3)`` give both parts (a single step can take shortcuts that break the
+    line). ``synth.chain`` runs recurrent modules on meta this way. ``widen`` makes the long
+    output from the short one; only its size is counted."""
+    counter = _MEASURING[-1] if _MEASURING else None
+    if counter is None:
+        return widen(run(3))
+    elems, macs = counter.elems, counter.macs
+    run(2)
+    two_elems, two_macs = counter.elems - elems, counter.macs - macs
+    short = run(3)
+    step_elems = counter.elems - elems - 2 * two_elems
+    step_macs = counter.macs - macs - 2 * two_macs
+    out = widen(short)
+    counter.elems = elems + two_elems + (steps - 2) * step_elems
+    counter.macs = macs + two_macs + (steps - 2) * step_macs
+    return out
 
 
 def fit_batch(cost: Cost, largest_input_melems: float, batch: int, cfg: ComposeConfig) -> int:

@@ -23,6 +23,7 @@ from synth.catalog.probe import build, make_tensor
 from synth.catalog.rebind import main_index, rebind
 from synth.catalog.spec import CatalogSpec, InputSpec
 from synth.chain import Chain, Link, call_link, continuation, expanded, follow, tensors_in
+from synth.cost import Cost, cost_of, counting, total
 from synth.degenerate import Degenerate, is_dropout
 
 # Sample batches: the chain is solved at SOLVE_BATCH and replayed at REPLAY_BATCH; the dims
@@ -202,18 +203,20 @@ def _meta_inputs(links: Sequence[Link]) -> dict[str, Any]:
     return {name: make_tensor(arg, "meta") for link in links for name, arg in expanded(link)}
 
 
-def _try_link(link: Link, running: Any, inputs: dict[str, Any]) -> Any:
-    """Run one link on meta; its output, or Degenerate."""
+def _try_link(link: Link, running: Any, inputs: dict[str, Any]) -> tuple[Any, Cost]:
+    """Run one link on meta; its output and the cost of the call (not of building the
+    module), or Degenerate."""
     try:
         fn = build(link.spec, "meta")
-        out = call_link(link, fn, running, inputs)
+        with counting() as counter:
+            out = call_link(link, fn, running, inputs)
     except Exception as exc:  # torch refuses these arguments
         raise Degenerate("shape", f"{link.name}: {str(exc)[:160]}") from exc
     if continuation(out) is None:
         raise Degenerate("bad_output", f"{link.name} returns no tensor")
     if any(t.numel() == 0 for t in tensors_in(out)):
         raise Degenerate("shape", f"{link.name} returns an empty tensor")
-    return out
+    return out, cost_of(counter)
 
 
 def _skeleton(out: Any) -> Any:
@@ -236,10 +239,11 @@ def _rebuild(skeleton: Any) -> Any:
 @dataclass
 class _State:
     """A chain being grown: its links, how each was chosen, the input names taken, the
-    running tensor and the meta inputs so far."""
+    running tensor, the meta inputs and the cost of each link so far."""
 
     links: list[Link] = field(default_factory=list)
     choices: list[_Choice] = field(default_factory=list)
+    costs: list[Cost] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
     running: Any = None
     inputs: dict[str, Any] = field(default_factory=dict)
@@ -260,20 +264,23 @@ class Solver:
         self._rebinds = _REBINDS.setdefault(cfg.rebind_limit, {})
         self._outputs = _OUTPUTS
 
-    def _propagate(self, key: tuple, link: Link, running: Any, inputs: dict[str, Any]) -> Any:
+    def _propagate(
+        self, key: tuple, link: Link, running: Any, inputs: dict[str, Any]
+    ) -> tuple[Any, Cost]:
         """``_try_link`` memoised by what determines the call: the seed, the running tensor's
         shape and dtype, the argument set and its variation."""
         if key not in self._outputs:
             if len(self._outputs) > 200_000:
                 self._outputs.clear()
             try:
-                self._outputs[key] = _skeleton(_try_link(link, running, inputs))
+                out, cost = _try_link(link, running, inputs)
+                self._outputs[key] = (_skeleton(out), cost)
             except Degenerate as exc:
                 self._outputs[key] = exc
         found = self._outputs[key]
         if isinstance(found, Degenerate):
             raise found
-        return _rebuild(found)
+        return _rebuild(found[0]), found[1]
 
     def _rebind(self, seed: Seed, shape: tuple[int, ...]) -> list[CatalogSpec]:
         key = (seed.id, shape)
@@ -309,7 +316,7 @@ class Solver:
                 break
             else:
                 raise last
-        solved = Chain(tuple(state.links), batches(rank)[0])
+        solved = Chain(tuple(state.links), batches(rank)[0], cost=total(state.costs))
         replayed = self._replay(seeds, state.choices, _with_batch(shape, batches(rank)[1]))
         return _with_batch_dims(solved, replayed, batches(rank))
 
@@ -343,7 +350,7 @@ class Solver:
                 if is_dropout(base.name):
                     varied = (*varied, NO_DROP)
                 try:
-                    link, trial, out = self._attempt(state, base, main, key, varied)
+                    link, trial, out, cost = self._attempt(state, base, main, key, varied)
                 except Degenerate as exc:
                     last = exc
                     continue
@@ -352,7 +359,7 @@ class Solver:
                 if following.dim() == 0 and UNREDUCED[0] not in dict(varied):
                     varied = (*varied, UNREDUCED)
                     try:
-                        link, trial, out = self._attempt(state, base, main, key, varied)
+                        link, trial, out, cost = self._attempt(state, base, main, key, varied)
                         path = continuation(out)
                         following = follow(out, path)
                     except Degenerate:
@@ -363,18 +370,19 @@ class Solver:
                 state.taken.update(n for n in link.inputs if n)
                 state.links.append(replace(link, pick=path))
                 state.choices.append(_Choice(index, varied, path))
+                state.costs.append(cost)
                 state.inputs, state.running = trial, following
                 return
         raise last
 
     def _attempt(self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple):
         """One argument variation of ``base`` as the next link, run on meta: the link, the
-        meta inputs with its own, and its output; or Degenerate. ``key`` names the seed, the
-        running tensor and the argument set, for ``_propagate``."""
+        meta inputs with its own, its output and its cost; or Degenerate. ``key`` names the
+        seed, the running tensor and the argument set, for ``_propagate``."""
         spec = _vary(base, varied)
         link = Link(key[0], spec, main, _link_inputs(spec, main, set(state.taken)))
         trial = {**state.inputs, **_meta_inputs([link])}
-        return link, trial, self._propagate((*key, varied), link, state.running, trial)
+        return link, trial, *self._propagate((*key, varied), link, state.running, trial)
 
     def _replay(self, seeds: Sequence[Seed], choices: Sequence[_Choice], shape) -> list[Link]:
         links: list[Link] = []
@@ -392,7 +400,7 @@ class Solver:
             link = Link(seed.id, spec, main, _link_inputs(spec, main, taken), choice.pick)
             inputs = {**inputs, **_meta_inputs([link])}
             key = (seed.id, position == 0, target, dtype, choice.index, choice.varied)
-            out = self._propagate(key, link, running, inputs)
+            out, _ = self._propagate(key, link, running, inputs)
             try:
                 running = follow(out, choice.pick)
             except (IndexError, TypeError) as exc:
@@ -475,7 +483,7 @@ def rebatch(chain: Chain, batch: int) -> Chain:
                     shape[d] = batch
                 args[i] = replace(arg, shape=tuple(shape))
         links.append(replace(link, spec=replace(link.spec, args=tuple(args))))
-    return replace(chain, links=tuple(links), batch=batch)
+    return replace(chain, links=tuple(links), batch=batch, cost=None)
 
 
 def dtype_of(t: torch.Tensor) -> str:

@@ -14,7 +14,7 @@ from opsynth.record import Task
 from synth.catalog.rebind import generic, main_index, rebind
 from synth.catalog.serialize import spec_from_json, spec_to_json
 from synth.catalog.spec import CatalogSpec, Code, InputSpec
-from synth.chain import Chain, Link
+from synth.chain import Chain, Link, _recurrent_on_meta, build_callables, draw_inputs, execute
 from synth.compose import composable
 from synth.cost import fit_batch, measure
 from synth.degenerate import Degenerate, check_sample
@@ -115,6 +115,54 @@ def test_a_chain_is_solved_replayed_and_its_batch_dims_found(catalogue_seeds):
     chain = solver.solve(seeds, rank=2)
     assert chain.ops == ["nn.Linear", "torch.add"]
     assert chain.batch_dims["x"] == (0,)
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings"),
+    [
+        ("LSTM", {"num_layers": 2}),
+        ("GRU", {"batch_first": True, "bidirectional": True}),
+        ("RNN", {"nonlinearity": "relu"}),
+    ],
+)
+def test_a_recurrent_module_on_meta_runs_one_step_and_costs_the_whole_sequence(kind, settings):
+    module = getattr(torch.nn, kind)(8, 16, device="meta", **settings)
+    x = torch.empty(24, 16, 8, device="meta")  # 16 steps with batch_first, else 24
+    unrolled = None
+
+    def run_unrolled():
+        nonlocal unrolled
+        unrolled = module(x)
+
+    whole = measure(run_unrolled)
+    stepped = None
+
+    def run_stepped():
+        nonlocal stepped
+        stepped = _recurrent_on_meta(module, [x], {})
+
+    cost = measure(run_stepped)
+    shapes = [t.shape for t in torch.utils._pytree.tree_leaves(unrolled)]
+    assert [t.shape for t in torch.utils._pytree.tree_leaves(stepped)] == shapes
+    assert cost.gmacs == pytest.approx(whole.gmacs, rel=0.02)
+    assert cost.melems == pytest.approx(whole.melems, rel=0.05)
+
+
+def test_the_solver_measures_a_chain_link_by_link_as_a_whole_run_would(catalogue_seeds):
+    solver = Solver(ComposeConfig(), random.Random(0))
+    for names, rank in (
+        (["nn.Linear", "torch.add"], 2),
+        (["nn.Conv2d", "torch.relu", "nn.MaxPool2d"], 4),
+        (["nn.LSTM", "torch.sum"], 3),
+    ):
+        chain = solver.solve([_seed(catalogue_seeds, n) for n in names], rank=rank)
+        inputs = draw_inputs(chain, "meta")
+        callables = build_callables(chain.links, "meta")
+        whole = measure(lambda: execute(chain, callables, inputs))  # noqa: B023
+        assert chain.cost is not None, names
+        assert chain.cost.melems == pytest.approx(whole.melems), names
+        assert chain.cost.gmacs == pytest.approx(whole.gmacs), names
+        assert chain.cost.largest_melems == pytest.approx(whole.largest_melems), names
 
 
 def test_the_sample_check_refuses_a_constant_output():

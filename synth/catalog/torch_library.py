@@ -312,6 +312,7 @@ def rebind(spec: CatalogSpec, shape: Shape, limit: int) -> list[CatalogSpec]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for candidate in itertools.islice(proposals(entry, shape), limit):
+            args = candidate.args
             if ranges:
                 args = tuple(
                     replace(a, uniform=ranges[a.name])
@@ -319,6 +320,5 @@ def rebind(spec: CatalogSpec, shape: Shape, limit: int) -> list[CatalogSpec]:
                     else a
                     for a in candidate.args
                 )
-                candidate = replace(candidate, args=args)
-            found.append(replace(candidate, flags=spec.flags))
+            found.append(replace(candidate, args=args, flags=spec.flags))
     return found
