@@ -14,12 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from evaluator.guards import check_solution
+from evaluator.reasons import HARNESS as EVALUATOR_HARNESS
 from evaluator.reward import Score, flags_for, reward
 from evaluator.solution import Solution
 from opsynth.config import EvalConfig, FiltersConfig
 from opsynth.record import Task, Verdict
 
-HARNESS = "evaluator"
+HARNESS = EVALUATOR_HARNESS.name
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from filters.gpulock import exclusive_s, gpu_section, held, waited_s
-from filters.reasons import STAGES, stages_of
+from filters.harness import CODE_FILE, stages_of
+from filters.reasons import STAGES
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -86,6 +87,12 @@ class Fail(Exception):
 
 # --------------------------------------------------------------------------------------------
 # Entry points
+
+
+def run_in(workdir: str, settings: dict[str, Any], emit: Emit) -> None:
+    """The ``filters`` harness's entry point (``filters.harness``): the candidate the runner
+    wrote to ``workdir``."""
+    run_candidate(os.path.join(workdir, CODE_FILE), settings, emit)
 
 
 def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:

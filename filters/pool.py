@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from filters import harness as harnesses
 from filters import privilege, protocol, reasons, retry, sandbox
 from opsynth.config import FiltersConfig
 from opsynth.record import Task, Verdict
@@ -195,6 +196,7 @@ class _Worker:
     deadline: float = 0.0
     stage: str = reasons.STAGES[0]
     stages: tuple[str, ...] = reasons.STAGES
+    harness: harnesses.Harness = harnesses.FILTERS
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     child_pid: int | None = None
 
@@ -266,6 +268,9 @@ class WorkerPool:
         self._paths_cache = ""
         self._lock_dir = LOCK_DIR
         self._identity: privilege.Identity | None = None
+        # What the workers' sandbox binds: the filters, the evaluator and every registered
+        # harness's package, fixed when the workers start (``filters.harness``).
+        self._packages = harnesses.packages(sandbox.SANDBOX_PACKAGES)
         self._dirs_for = ""  # the sandbox kind the shared dirs were made for
         self._start_failures = 0
         self._start_failure_detail = ""
@@ -302,6 +307,7 @@ class WorkerPool:
             count = worker_count(self.cfg, self.device, host_cores(), len(self._gpus))
             self._threads = max(1, host_cores() // count)
             self._kind = self._choose_sandbox()
+            self._packages = harnesses.packages(sandbox.SANDBOX_PACKAGES)
             self._shared_dirs(self._kind)
             self._configure()
             self._workers = [None] * count
@@ -472,11 +478,19 @@ class WorkerPool:
         overrides: dict[str, Any],
         progress: Progress | None = None,
     ) -> dict[str, list[Verdict]]:
-        """Run another sandboxed harness (``reasons.HARNESSES``) over jobs: anything with an
-        ``id``, the ``code`` written to candidate.py and ``files`` (relative path -> text)
-        written beside it. ``overrides`` replace this pool's check settings for these jobs."""
-        overrides = {**overrides, "harness": harness}
-        reasons.stages_of(overrides)  # an unknown harness fails here, not in every worker
+        """Run another registered sandboxed harness (``filters.harness``) over jobs: anything
+        with an ``id``, the ``code`` written to candidate.py and ``files`` (relative path ->
+        text) written beside it. ``overrides`` replace this pool's check settings for these
+        jobs. An unknown harness or stage list fails here, not in every worker."""
+        found = harnesses.lookup(harness)
+        started = self._root is not None
+        if started and found.package not in self._packages:
+            raise ValueError(
+                f"harness {harness!r} was registered after this pool started: its package "
+                f"{found.package!r} is not in the workers' sandbox; start the pool after"
+            )
+        overrides = {**overrides, "harness": harness, "harness_spec": found.to_json()}
+        harnesses.stages_of(overrides)
         return self.wait(self.submit(jobs, progress, overrides))
 
     def _retry_alone(self, ticket: Ticket) -> None:
@@ -675,13 +689,18 @@ class WorkerPool:
                 prepare_ahead=self.cfg.prepare_audit_ahead
                 and self.cfg.candidates_per_process(self.device) > 1,
                 identity=self._identity,
+                packages=self._packages,
             )
         except (OSError, privilege.SeccompUnavailable):
             for fd in (to_r, to_w, from_r, from_w):
                 os.close(fd)
             raise
         env = sandbox.worker_env(
-            paths=paths, kind=self._kind, threads=self._threads, cuda_visible=gpu
+            paths=paths,
+            kind=self._kind,
+            threads=self._threads,
+            cuda_visible=gpu,
+            packages=self._packages,
         )
         try:
             with open(os.path.join(directory, "worker.log"), "wb") as logfile:
@@ -726,7 +745,8 @@ class WorkerPool:
         worker.state = "busy"
         worker.task = task
         worker.ticket = ticket
-        worker.stages = reasons.stages_of(settings)
+        worker.harness = harnesses.of_settings(settings)
+        worker.stages = harnesses.stages_of(settings)
         worker.stage = worker.stages[0]
         worker.verdicts = []
         worker.child_pid = None
@@ -819,7 +839,7 @@ class WorkerPool:
         done = len(worker.verdicts)
         expected = worker.stages[done] if done < len(worker.stages) else None
         if kind == "verdict":
-            return protocol.row_problem(event.get("verdict"), expected)
+            return protocol.row_problem(event.get("verdict"), expected, worker.harness)
         if kind == "started" and not isinstance(event.get("pid"), int):
             return "'started' without an integer pid"
         if kind == "stage" and event.get("stage") not in worker.stages:
@@ -829,7 +849,7 @@ class WorkerPool:
             if not isinstance(rows, list) or len(rows) > len(worker.stages):
                 return "'verdicts' must be a list with at most one row per stage"
             for stage, row in zip(worker.stages, rows, strict=False):
-                problem = protocol.row_problem(row, stage)
+                problem = protocol.row_problem(row, stage, worker.harness)
                 if problem:
                     return problem
             prepare_s = event.get("prepare_s") or 0.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from filters import harness as harnesses
 from filters import reasons
 
 MAX_MEASURES = 64
@@ -25,8 +26,11 @@ MAX_DEPTH = 6  # nesting of lists/objects inside one measure
 MAX_ITEMS = 250_000
 
 
-def row_problem(row: Any, expected_stage: str | None) -> str:
-    """Why ``row`` is not a well-formed verdict for ``expected_stage``; "" when it is."""
+def row_problem(
+    row: Any, expected_stage: str | None, harness: harnesses.Harness = harnesses.FILTERS
+) -> str:
+    """Why ``row`` is not a well-formed verdict of ``harness`` for ``expected_stage``; ""
+    when it is."""
     if not isinstance(row, dict):
         return f"a verdict must be an object, got {type(row).__name__}"
     if expected_stage is None:
@@ -37,7 +41,7 @@ def row_problem(row: Any, expected_stage: str | None) -> str:
     if not isinstance(passed, bool):
         return f"'passed' must be true or false, got {_show(passed)}"
     reason = row.get("reason")
-    if not isinstance(reason, str) or reason not in reasons.ALL:
+    if not isinstance(reason, str) or not harness.known(reason):
         return f"unknown reason code {_show(reason)}"
     if (reason == reasons.OK) != passed:
         return f"reason {reason!r} contradicts passed={passed}"

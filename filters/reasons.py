@@ -1,4 +1,5 @@
-"""Every reason code a filter can give, with a one-line explanation each.
+"""Every reason code a filter can give, with a one-line explanation each, and the runner's
+own (``INFRA``), which any sandboxed harness may give (``filters.harness``).
 
 Codes are stable strings: they are counted as ``dropped_<reason>``, stored in verdict rows and
 listed in ARCHITECTURE.md, so a code is never renamed, only added. This module is imported by
@@ -6,8 +7,6 @@ the sandboxed worker, so it must stay standard-library only.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 OK = "ok"
 
@@ -63,22 +62,8 @@ INFRA: dict[str, str] = {
     "protocol_violation": "the candidate's process reported a malformed or unexpected message",
 }
 
-# The solution evaluator's harness (evaluator/harness.py) runs in the same workers.
-EVALUATION: dict[str, str] = {
-    "build_error": "the solution's CUDA/C++ sources did not build as a torch extension",
-    "solution_import_error": "executing model_new.py raised, or it defines no ModelNew",
-    "state_dict_mismatch": "ModelNew cannot load Model's state_dict",
-    "incorrect": "ModelNew's outputs differ from Model's beyond atol/rtol, or in structure",
-    "functional_call": "ModelNew called a torch.nn.functional function (blocked)",
-    "torch_compute": "ModelNew.forward ran torch compute ops from Python (a fallback)",
-    "not_a_tensor": "ModelNew returned a tensor subclass or a non-tensor",
-    "unstable_output": "two runs on the same inputs differ (uninitialised memory?)",
-    "replayed_output": "a timed call's output does not match the reference on its inputs",
-}
-
 ALL: dict[str, str] = {
     OK: "the stage passed",
-    **EVALUATION,
     **STATIC,
     **EAGER,
     **RANDOMNESS,
@@ -90,18 +75,3 @@ ALL: dict[str, str] = {
 
 # Execution stages, cheapest first; the sandboxed checks run them in this order.
 STAGES: tuple[str, ...] = ("eager", "randomness", "degenerate", "runtime", "compile")
-# The evaluator's stages for one (task, solution) pair.
-EVAL_STAGES: tuple[str, ...] = ("build", "correctness", "timing")
-# Which harness a worker runs for an evaluation, and its stages.
-HARNESSES: dict[str, tuple[str, ...]] = {"filters": STAGES, "evaluator": EVAL_STAGES}
-
-
-def stages_of(settings: dict[str, Any]) -> tuple[str, ...]:
-    """The stages this evaluation runs: every one of its harness, or the subset a measurement
-    asked for (the first stage always, since it builds what the others use; then in order)."""
-    base = HARNESSES[settings.get("harness") or "filters"]
-    wanted = tuple(settings.get("stages") or base)
-    order = [base.index(s) for s in wanted if s in base]
-    if len(order) != len(wanted) or order != sorted(set(order)) or wanted[0] != base[0]:
-        raise ValueError(f"stages {wanted} are not {base[0]} + an ordered subset of {base}")
-    return wanted

@@ -24,6 +24,7 @@ environment (API keys) never reach candidate code.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import site
@@ -112,7 +113,12 @@ def bwrap_available() -> bool:
 
 
 def worker_env(
-    *, paths: Paths, kind: str, threads: int, cuda_visible: str | None
+    *,
+    paths: Paths,
+    kind: str,
+    threads: int,
+    cuda_visible: str | None,
+    packages: tuple[str, ...] = SANDBOX_PACKAGES,
 ) -> dict[str, str]:
     """The complete environment of a worker; nothing else from the orchestrator leaks in."""
     tmp = SANDBOX_TMP if kind == "bwrap" else paths.tmp_dir
@@ -128,7 +134,7 @@ def worker_env(
         TMPDIR=tmp,
         USER="opsynth",
         LOGNAME="opsynth",
-        PYTHONPATH=MOUNT_ROOT if kind == "bwrap" else PACKAGE_ROOT,
+        PYTHONPATH=MOUNT_ROOT if kind == "bwrap" else _host_path(packages),
         PYTHONNOUSERSITE="1",
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONHASHSEED="0",
@@ -171,17 +177,32 @@ def worker_command(
     ]
 
 
+def _host_path(packages: tuple[str, ...]) -> str:
+    """PYTHONPATH of an unsandboxed worker: the project and the folder of every other package."""
+    roots = [PACKAGE_ROOT]
+    for package in packages:
+        parent = os.path.dirname(package_path(package))
+        if parent not in roots:
+            roots.append(parent)
+    return os.pathsep.join(roots)
+
+
 def host_pidns() -> str:
     return os.readlink("/proc/self/ns/pid")
 
 
 def bwrap_options(
-    *, paths: Paths, device: str, tmp_bytes: int, identity: privilege.Identity | None
+    *,
+    paths: Paths,
+    device: str,
+    tmp_bytes: int,
+    identity: privilege.Identity | None,
+    packages: tuple[str, ...] = SANDBOX_PACKAGES,
 ) -> list[str]:
     """bwrap options that build the worker's sandbox (the program name and command apart)."""
     args = system_options(tmp_bytes=tmp_bytes, gpu=device == "cuda", identity=identity)
     args += ["--bind", paths.cache_dir, SANDBOX_CACHE, "--bind", paths.lock_dir, SANDBOX_LOCKS]
-    args += package_binds(SANDBOX_PACKAGES)
+    args += package_binds(packages)
     return with_parent_dirs(args) + ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
 
 
@@ -245,11 +266,27 @@ def with_parent_dirs(options: list[str]) -> list[str]:
 
 
 def package_binds(packages: tuple[str, ...]) -> list[str]:
-    """The project's ``packages``, read-only at ``MOUNT_ROOT`` (on the sandbox's PYTHONPATH)."""
+    """``packages``, read-only at ``MOUNT_ROOT`` (on the sandbox's PYTHONPATH)."""
     args: list[str] = []
     for package in packages:
-        args += ["--ro-bind", os.path.join(PACKAGE_ROOT, package), f"{MOUNT_ROOT}/{package}"]
+        path = package_path(package)
+        name = package if os.path.isdir(path) else os.path.basename(path)
+        args += ["--ro-bind", path, f"{MOUNT_ROOT}/{name}"]
     return args
+
+
+def package_path(package: str) -> str:
+    """Where a top-level package (its folder) or module (its file) lives on the host: the
+    project's own, or one a harness registered from elsewhere (``filters.harness``)."""
+    local = os.path.join(PACKAGE_ROOT, package)
+    if os.path.isdir(local):
+        return local
+    spec = importlib.util.find_spec(package)
+    if spec is None or not (spec.submodule_search_locations or spec.origin):
+        raise ValueError(f"sandbox package {package!r} is not importable here")
+    if spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)[0]
+    return str(spec.origin)
 
 
 @dataclass
@@ -307,6 +344,7 @@ def launch_command(
     prestart: bool,
     prepare_ahead: bool = False,
     identity: privilege.Identity | None = None,
+    packages: tuple[str, ...] = SANDBOX_PACKAGES,
 ) -> Command:
     """How to start one worker: in the sandbox, or (``kind`` "rlimits", unsafe) directly."""
     command = worker_command(
@@ -314,7 +352,9 @@ def launch_command(
     )
     if kind != "bwrap":
         return Command(command, ())
-    options = bwrap_options(paths=paths, device=device, tmp_bytes=tmp_bytes, identity=identity)
+    options = bwrap_options(
+        paths=paths, device=device, tmp_bytes=tmp_bytes, identity=identity, packages=packages
+    )
     return bwrap_command(options, command, identity=identity, keep_fds=(in_fd, out_fd))
 
 

@@ -47,7 +47,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from filters import protocol, reasons
+from filters import harness as harnesses
+from filters import protocol
+from filters.harness import CODE_FILE
 
 Emit = Callable[[dict[str, Any]], None]
 Target = Callable[[Emit], None]
@@ -67,7 +69,6 @@ HANDSHAKE_S = 10.0
 # How long the kill after a candidate spares the waiting child before killing everything.
 SPARE_KILL_S = 2.0
 OUTPUT_TAIL_CHARS = 500
-CODE_FILE = "candidate.py"
 LOG_FILE = "output.log"
 
 PR_SET_PDEATHSIG = 1
@@ -239,7 +240,8 @@ class Worker:
         settings = message["settings"]
         code = message["code"]
         verdicts: list[dict[str, Any]] = []
-        stages = reasons.stages_of(settings)
+        harness = harnesses.of_settings(settings)
+        stages = harnesses.stages_of(settings)
         current = {"stage": stages[0]}
 
         def on_event(event: dict[str, Any]) -> None:
@@ -252,7 +254,7 @@ class Worker:
                 if verdicts and not verdicts[-1]["passed"]:
                     return
                 row = event.get("verdict")
-                problem = protocol.row_problem(row, expected)
+                problem = protocol.row_problem(row, expected, harness)
                 if problem:
                     self.violation = problem
                     row = _failed_row(expected or stages[-1], "protocol_violation", problem)
@@ -309,12 +311,7 @@ class Worker:
             emit({"event": "done"})
 
         def evaluate(emit: Emit) -> None:
-            if settings.get("harness") == "evaluator":
-                from evaluator.harness import run_solution
-
-                run_solution(os.getcwd(), settings, emit)
-            else:
-                self.checks.run_candidate(os.path.join(os.getcwd(), CODE_FILE), settings, emit)
+            harnesses.of_settings(settings).function()(os.getcwd(), settings, emit)
 
         return {"probe": probe, "calibrate": calibrate, "eval": evaluate}[kind]
 

@@ -273,3 +273,24 @@ def test_a_queued_batch_cut_short_by_close_runs_again_when_waited_for() -> None:
     got = pool.wait(ahead)  # after close: restarts the pool and runs the candidate again
     pool.close()
     assert got[slow.id][-1].reason == "constant_output"
+
+
+@pytest.mark.skipif(not sandbox.bwrap_available(), reason="bubblewrap is not installed")
+def test_a_harness_registered_from_another_package_runs_in_the_same_sandbox() -> None:
+    from plugin_harness import HARNESS
+
+    from evaluator.score import Job
+    from filters import harness
+
+    assert harness.lookup("plugin") is HARNESS
+    with pytest.raises(ValueError, match="unknown harness 'nope'"):
+        harness.lookup("nope")
+    with WorkerPool(config(sandbox="bwrap"), "cpu") as pool:
+        jobs = [Job("a", "ok ok"), Job("b", "ok plugin_refused"), Job("c", "ok incorrect")]
+        results = pool.run_harness(jobs, "plugin", {})
+    assert [(v.stage, v.reason) for v in results["a"]] == [("first", "ok"), ("second", "ok")]
+    assert [v.reason for v in results["b"]] == ["ok", "plugin_refused"]
+    # the evaluator's codes are the evaluator's: from this harness they break the protocol
+    assert [v.reason for v in results["c"]] == ["ok", "protocol_violation"]
+    if os.geteuid() == 0:
+        assert results["a"][0].measures["uid"] == config().sandbox_uid

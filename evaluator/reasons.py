@@ -1,0 +1,38 @@
+"""The evaluator's reason codes and stages, registered as the sandboxed runner's ``evaluator``
+harness (``filters.harness``): its rows may carry these codes and the runner's own.
+
+Codes are stable strings, listed in ARCHITECTURE.md: a code is never renamed, only added.
+"""
+
+from __future__ import annotations
+
+from filters import reasons
+from filters.harness import Harness, register
+
+EVALUATION: dict[str, str] = {
+    "build_error": "the solution's CUDA/C++ sources did not build as a torch extension",
+    "solution_import_error": "executing model_new.py raised, or it defines no ModelNew",
+    "state_dict_mismatch": "ModelNew cannot load Model's state_dict",
+    "incorrect": "ModelNew's outputs differ from Model's beyond atol/rtol, or in structure",
+    "functional_call": "ModelNew called a torch.nn.functional function (blocked)",
+    "torch_compute": "ModelNew.forward ran torch compute ops from Python (a fallback)",
+    "not_a_tensor": "ModelNew returned a tensor subclass or a non-tensor",
+    "unstable_output": "two runs on the same inputs differ (uninitialised memory?)",
+    "replayed_output": "a timed call's output does not match the reference on its inputs",
+}
+
+# The stages of one (task, solution) evaluation, in order.
+EVAL_STAGES: tuple[str, ...] = ("build", "correctness", "timing")
+
+# Codes the evaluator shares with the filters' checks: a solution that writes its inputs, or
+# runs out of device memory, is refused for the same reason a task would be.
+SHARED = ("input_mutated", "oom")
+
+HARNESS = register(
+    Harness(
+        "evaluator",
+        "evaluator.harness:run_solution",
+        EVAL_STAGES,
+        {**EVALUATION, **{code: reasons.ALL[code] for code in SHARED}},
+    )
+)
