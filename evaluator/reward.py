@@ -75,6 +75,29 @@ def flags_for(
     return flags
 
 
+# What each flag means and what to do about it; a flag never changes the reward.
+FLAG_MEANINGS = {
+    "speedup_over_": "a win that large is more often a hack the guards missed than a kernel: "
+    "read the solution before trusting its reward",
+    "torch_compute_in_forward": "ModelNew.forward ran torch compute ops from Python "
+    "(a fallback, not a kernel; refused in strict mode)",
+    "functional_in_forward": "ModelNew.forward called torch.nn.functional (refused in strict mode)",
+}
+
+
+def explain_flags(scores: Iterable[Score]) -> list[str]:
+    """One line per flag that scored solutions carry: how many carry it, and what it means."""
+    counts: dict[str, int] = defaultdict(int)
+    for score in scores:
+        for flag in score.flags:
+            counts[flag] += 1
+    lines = []
+    for flag, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        meaning = next((m for key, m in FLAG_MEANINGS.items() if flag.startswith(key)), "")
+        lines.append(f"{flag}: {count} solution(s); {meaning or 'see evaluator/reward.py'}")
+    return lines
+
+
 def metrics(scores: Iterable[Score]) -> dict[str, dict[str, Any]]:
     """Table 1 per group (KernelBench level, or "all"): pass rate, faster-than-eager and
     faster-than-compile rates (over all tasks), geometric-mean speedups over the correct,

@@ -8,6 +8,7 @@ Table 1 metrics, per KernelBench level when scoring KernelBench) into ``--out``.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -74,7 +75,10 @@ def evaluate(
 
 
 def _print(scores, table_metrics) -> None:
-    console = Console()
+    from evaluator.reward import explain_flags
+
+    # a file or a pipe gets whole rows: rich would otherwise cut them at 80 columns
+    console = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title="scores")
     for col in ("task", "solution", "reward", "reason", "eager ms", "compile ms", "ours ms"):
         table.add_column(col)
@@ -107,3 +111,8 @@ def _print(scores, table_metrics) -> None:
     for group, row in table_metrics.items():
         summary.add_row(group, *(str(row[k]) for k in keys))
     console.print(summary)
+    flags = explain_flags(scores)
+    if flags:
+        console.print("flags (the reward stands; these ask for a human look):")
+        for line in flags:
+            console.print(f"  {line}", highlight=False, markup=False)

@@ -1,7 +1,8 @@
 """Prefect settings for an offline run; must be applied before ``prefect`` is imported.
 
 Without an API URL, Prefect starts its temporary local server (SQLite under ``PREFECT_HOME``).
-Analytics and the UI are off so nothing leaves the machine. A user who runs a Prefect server
+Analytics (the server's and the client SDK's) and the UI are off so nothing leaves the
+machine. A user who runs a Prefect server
 sets ``PREFECT_API_URL`` and these defaults step aside.
 """
 
@@ -21,6 +22,8 @@ OFFLINE_DEFAULTS = {
     # (and to its database), so a user error stays the one line the CLI prints
     "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "CRITICAL",
     "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+    # the client SDK's own usage telemetry (and its first-run notice) honours only this
+    "DO_NOT_TRACK": "1",
 }
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from evaluator.guards import check_solution
-from evaluator.reward import Score, metrics, reward
+from evaluator.reward import Score, explain_flags, flags_for, metrics, reward
 from evaluator.score import score_pairs
 from evaluator.solution import SolutionError, load_solution
 from evaluator.tasks import reference_solution
@@ -41,6 +41,20 @@ def test_metrics_follow_table_1() -> None:
     assert table["all"]["faster_than_eager"] == 0.5 and table["all"]["faster_than_compile"] == 0.25
     assert table["all"]["geomean_speedup_eager"] == pytest.approx((4 * 2 * 1) ** (1 / 3), 1e-3)
     assert table["l1"]["pass_rate"] == 1.0 and table["l2"]["mean_reward"] == 0.0
+
+
+def test_each_flag_is_counted_and_explained() -> None:
+    flagged = flags_for(40.0, 20.0, 10.0, torch_compute_calls=2, functional_calls=0)
+    assert flagged == ["speedup_over_10x", "torch_compute_in_forward"]
+    rows = [
+        Score("a", "s", 3, True, "ok", flags=flagged),
+        Score("b", "s", 3, True, "ok", flags=["speedup_over_10x"]),
+        Score("c", "s", 1, True, "ok"),
+    ]
+    lines = explain_flags(rows)
+    assert len(lines) == 2 and lines[0].startswith("speedup_over_10x: 2 solution(s); ")
+    assert "hack" in lines[0] and "fallback" in lines[1]
+    assert metrics(rows)["all"]["flagged"] == 2
 
 
 @pytest.mark.parametrize(
