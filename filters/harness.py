@@ -75,11 +75,7 @@ def register(harness: Harness) -> Harness:
     known = _REGISTRY.get(harness.name)
     if known is not None and known != harness:
         raise ValueError(f"harness {harness.name!r} is already registered as {known.entry}")
-    clash = sorted(
-        set(harness.reasons) & (set(reasons.INFRA) | {reasons.OK})
-        if harness.name != DEFAULT
-        else set()
-    )
+    clash = sorted(set(harness.reasons) & (set(reasons.INFRA) | {reasons.OK}))
     if clash:
         raise ValueError(f"harness {harness.name!r} redefines the runner's codes {clash}")
     _REGISTRY[harness.name] = harness
@@ -113,10 +109,11 @@ def of_settings(settings: Mapping[str, Any]) -> Harness:
     return lookup(settings.get("harness"))
 
 
-def stages_of(settings: Mapping[str, Any]) -> tuple[str, ...]:
-    """The stages this job runs: every one of its harness, or the subset a measurement asked
-    for (the first stage always, since it builds what the others use; then in order)."""
-    base = of_settings(settings).stages
+def stages_of(settings: Mapping[str, Any], harness: Harness | None = None) -> tuple[str, ...]:
+    """The stages this job runs: every one of its harness (``of_settings`` unless given), or
+    the subset a measurement asked for (the first stage always, since it builds what the
+    others use; then in order)."""
+    base = (harness or of_settings(settings)).stages
     wanted = tuple(settings.get("stages") or base)
     order = [base.index(s) for s in wanted if s in base]
     if len(order) != len(wanted) or order != sorted(set(order)) or wanted[0] != base[0]:
@@ -129,6 +126,6 @@ FILTERS = register(
         DEFAULT,
         "filters.checks:run_in",
         reasons.STAGES,
-        {code: text for code, text in reasons.ALL.items() if code not in reasons.INFRA},
+        {c: t for c, t in reasons.ALL.items() if c not in reasons.INFRA and c != reasons.OK},
     )
 )

@@ -268,9 +268,9 @@ class WorkerPool:
         self._paths_cache = ""
         self._lock_dir = LOCK_DIR
         self._identity: privilege.Identity | None = None
-        # What the workers' sandbox binds: the filters, the evaluator and every registered
-        # harness's package, fixed when the workers start (``filters.harness``).
-        self._packages = harnesses.packages(sandbox.SANDBOX_PACKAGES)
+        # What the workers' sandbox binds: the filters, the evaluator and, once the workers
+        # start, every harness registered by then (``filters.harness``).
+        self._packages = sandbox.SANDBOX_PACKAGES
         self._dirs_for = ""  # the sandbox kind the shared dirs were made for
         self._start_failures = 0
         self._start_failure_detail = ""
@@ -490,7 +490,7 @@ class WorkerPool:
                 f"{found.package!r} is not in the workers' sandbox; start the pool after"
             )
         overrides = {**overrides, "harness": harness, "harness_spec": found.to_json()}
-        harnesses.stages_of(overrides)
+        harnesses.stages_of(overrides, found)
         return self.wait(self.submit(jobs, progress, overrides))
 
     def _retry_alone(self, ticket: Ticket) -> None:
@@ -746,7 +746,7 @@ class WorkerPool:
         worker.task = task
         worker.ticket = ticket
         worker.harness = harnesses.of_settings(settings)
-        worker.stages = harnesses.stages_of(settings)
+        worker.stages = harnesses.stages_of(settings, worker.harness)
         worker.stage = worker.stages[0]
         worker.verdicts = []
         worker.child_pid = None

@@ -241,7 +241,7 @@ class Worker:
         code = message["code"]
         verdicts: list[dict[str, Any]] = []
         harness = harnesses.of_settings(settings)
-        stages = harnesses.stages_of(settings)
+        stages = harnesses.stages_of(settings, harness)
         current = {"stage": stages[0]}
 
         def on_event(event: dict[str, Any]) -> None:

@@ -30,8 +30,8 @@ from opsynth.config import ComposeConfig
 from opsynth.record import Task
 from opsynth.taxonomy import category
 from synth.catalog.serialize import spec_from_json
-from synth.chain import Chain, build_callables, draw_inputs, execute
-from synth.cost import fit_batch, measure
+from synth.chain import Chain
+from synth.cost import fit_batch
 from synth.degenerate import Degenerate, check_sample
 from synth.emit import render_task
 from synth.sampling import TRANSFORMERS, Sampler, chain_length, seed_name, split_seeds
@@ -146,16 +146,6 @@ def _compose_chunk(job: tuple, seeds: list[Task] | None = None) -> list[Task]:
         torch.set_num_threads(threads)
     log.debug("chunk %s: %d tasks; rejected draws: %s", chunk, len(tasks), dict(drawer.rejected))
     return tasks
-
-
-def _measured(chain: Chain):
-    """The cost of a chain the solver did not measure, run whole on meta."""
-    inputs = draw_inputs(chain, "meta")
-    callables = build_callables(chain.links, "meta")
-    try:
-        return measure(lambda: execute(chain, callables, inputs))
-    except Exception as exc:  # an op whose meta kernel differs from its shape rule
-        raise Degenerate("shape", f"{type(exc).__name__}: {str(exc)[:160]}") from exc
 
 
 def standalone_task(seed: Task, composer: str, config_hash: str, meta: dict) -> Task:
@@ -324,7 +314,8 @@ class _Drawer:
         if tuple_end and chain.links[-1].pick:
             chain = replace(chain, returns_tuple=True)
         cfg = self.cfg
-        cost = chain.cost or _measured(chain)
+        cost = chain.cost
+        assert cost is not None, "the solver measures every chain it grows"
         largest_input = max(
             (math.prod(a.shape) / 1e6 for a in chain.input_specs().values()), default=0.0
         )

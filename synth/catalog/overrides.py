@@ -209,8 +209,14 @@ NO_FORWARD = {
     "nn.ParameterDict",
 }
 
+
 # Everything a derived argument set cannot express; ``args`` lists (name, shape tokens or a
 # value, options) and ``init`` named constructor arguments.
+def _small_integers(high: int, *names: str) -> list[tuple]:
+    """Tensor arguments of the input's shape holding integers in ``[0, high)``."""
+    return [(name, "x", {"dtype": "int64", "high": high}) for name in names]
+
+
 OVERRIDES: dict[str, dict[str, Any]] = {
     "nn.Sequential": {"init": [("layer", Code("nn.Linear(32, 32)"))], "ranks": (2,)},
     "nn.RNN": {"init": [("input_size", "L"), ("hidden_size", OUT_FEATURES)], "ranks": (3,)},
@@ -328,32 +334,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     # Comparisons of random floats are constant (never equal; never zero for logical ops):
     # small integer inputs make the result depend on them.
-    "torch.eq": {
-        "args": [
-            ("input", "x", {"dtype": "int64", "high": 3}),
-            ("other", "x", {"dtype": "int64", "high": 3}),
-        ]
-    },
-    "torch.ne": {
-        "args": [
-            ("input", "x", {"dtype": "int64", "high": 3}),
-            ("other", "x", {"dtype": "int64", "high": 3}),
-        ]
-    },
-    "torch.logical_not": {"args": [("input", "x", {"dtype": "int64", "high": 2})]},
-    "torch.count_nonzero": {"args": [("input", "x", {"dtype": "int64", "high": 2}), ("dim", -1)]},
-    "torch.logical_and": {
-        "args": [
-            ("input", "x", {"dtype": "int64", "high": 2}),
-            ("other", "x", {"dtype": "int64", "high": 2}),
-        ]
-    },
-    "torch.logical_or": {
-        "args": [
-            ("input", "x", {"dtype": "int64", "high": 2}),
-            ("other", "x", {"dtype": "int64", "high": 2}),
-        ]
-    },
+    "torch.eq": {"args": _small_integers(3, "input", "other")},
+    "torch.ne": {"args": _small_integers(3, "input", "other")},
+    "torch.logical_not": {"args": _small_integers(2, "input")},
+    "torch.count_nonzero": {"args": [*_small_integers(2, "input"), ("dim", -1)]},
+    "torch.logical_and": {"args": _small_integers(2, "input", "other")},
+    "torch.logical_or": {"args": _small_integers(2, "input", "other")},
     "torch.split": {"args": [("tensor", "x"), ("split_size_or_sections", 16), ("dim", -1)]},
     "F.grid_sample": {
         "args": [("input", "x"), ("grid", ("B", 8, 8, 2), {"uniform": (-1.0, 1.0)})],
