@@ -29,7 +29,7 @@ def main(code_path: str, settings_path: str, data_source: str) -> None:
         rows = [{"stage": "static", "passed": False, "reason": decision.reason}]
         print(json.dumps(rows))
         return
-    from filters.worker import _apply_limits
+    from filters.childio import apply_limits as _apply_limits
 
     settings = json.loads(Path(settings_path).read_text())
     _apply_limits(settings, settings["device"])  # the pool's per-candidate rlimits

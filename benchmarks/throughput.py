@@ -426,6 +426,46 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
     }
 
 
+def judge_comparison(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    """The same set filtered with the judge's verify stage (``on``) and without: rates, kept
+    counts, and the tasks whose final reason differs (verify's own rejections among them)."""
+    n = len(on["tasks"])
+    final_on, final_off = final_reasons(on["verdicts"]), final_reasons(off["verdicts"])
+    differ = {
+        task_id: {"judge": final_on.get(task_id), "no_judge": reason}
+        for task_id, reason in final_off.items()
+        if final_on.get(task_id) != reason
+    }
+    verify = [v for v in on["verdicts"] if v.stage == "verify"]
+    return {
+        "candidates": n,
+        "per_minute_judge": round(n / on["filter_s"] * 60, 1) if on["filter_s"] else None,
+        "per_minute_no_judge": round(n / off["filter_s"] * 60, 1) if off["filter_s"] else None,
+        "kept_judge": on["kept"],
+        "kept_no_judge": off["kept"],
+        "verify_rows": len(verify),
+        "verify_mean_s": round(statistics.mean(v.elapsed_s for v in verify), 3) if verify else 0,
+        "verify_rejected": dict(_count(v.reason for v in verify if not v.passed)),
+        "final_reason_differs": differ,
+    }
+
+
+def judge_table(c: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            "",
+            "| design | candidates/min | kept |",
+            "| --- | --- | --- |",
+            f"| judge (verify stage) | {c['per_minute_judge']} | {c['kept_judge']} |",
+            f"| candidate's own rows | {c['per_minute_no_judge']} | {c['kept_no_judge']} |",
+            "",
+            f"verify: {c['verify_rows']} rows, {c['verify_mean_s']} s mean, rejected "
+            f"{c['verify_rejected'] or 'none'}; final reason differs for "
+            f"{len(c['final_reason_differs'])} task(s)",
+        ]
+    )
+
+
 def _count(values) -> dict[str, int]:
     counts: dict[str, int] = {}
     for v in values:
@@ -601,6 +641,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="write the sized candidate set (candidates.parquet) and stop: no filtering, "
         "noise or naive runs",
     )
+    parser.add_argument(
+        "--compare-judge",
+        action="store_true",
+        help="after the run, filter the same sized set again on a fresh pool with "
+        "filters.judge off (the candidate's own rows decide), and report both rates and "
+        "every task whose final verdict differs",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("throughput"))
     return parser.parse_args(argv)
@@ -648,13 +695,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     noise_tasks = list({t.id: t for t in preferred}.values())[: args.noise]
     alone = alone_medians(noise_tasks, cfg, device) if noise_tasks else []
+    judge_off = None
+    if args.compare_judge:
+        fresh = cfg.cache_dir and tempfile.mkdtemp(prefix="compile-cache-", dir=args.out)
+        off_cfg = cfg.model_copy(update={"judge": False, "cache_dir": fresh or cfg.cache_dir})
+        log("the same set again with filters.judge off")
+        judge_off = pool_run(pool["tasks"], [], off_cfg, device, args.seed, sizing, shuffle=False)
     subset = naive_subset(pool["tasks"], final_reasons(pool["verdicts"]), args.naive, args.seed)
     log(f"noise: {len(noise_tasks)} tasks timed alone; naive harness next")
     naive = naive_run(subset, cfg, device, args.naive_budget_s)
     summary = summarise(args, counts, cfg, device, pool, naive, alone)
+    if judge_off is not None:
+        summary["judge_comparison"] = judge_comparison(pool, judge_off)
     summary["benchmark_wall_s"] = round(time.perf_counter() - begin, 1)
     (args.out / "throughput.json").write_text(json.dumps(summary, indent=2))
     print(table(summary))
+    if judge_off is not None:
+        print(judge_table(summary["judge_comparison"]))
     print(f"\nwall {summary['benchmark_wall_s']:.0f} s; details in {args.out / 'throughput.json'}")
     return summary
 

@@ -219,7 +219,9 @@ def stage_build(s: Session) -> dict[str, Any]:
     return {"sources": len(sources), "build_s": round(built_s, 3)}
 
 
-def stage_correctness(s: Session) -> dict[str, Any]:
+def build_models(s: Session) -> None:
+    """``Model`` and ``ModelNew`` from the task's init inputs, both seeded alike, the
+    solution given the reference's weights."""
     init = s.task.get_init_inputs()
     torch.manual_seed(0)
     s.model = s.task.Model(*init).to(s.device).eval()
@@ -234,6 +236,10 @@ def stage_correctness(s: Session) -> dict[str, Any]:
         s.new.load_state_dict(s.model.state_dict())
     except BaseException as exc:
         raise Rejected("state_dict_mismatch", _describe(exc)) from exc
+
+
+def stage_correctness(s: Session) -> dict[str, Any]:
+    build_models(s)
     atol, rtol = float(s.s.get("atol", 1e-2)), float(s.s.get("rtol", 1e-2))
     worst = 0.0
     for trial in range(int(s.s.get("trials", 5))):

@@ -31,8 +31,10 @@ SHARED = ("input_mutated", "oom")
 HARNESS = register(
     Harness(
         "evaluator",
-        "evaluator.harness:run_solution",
+        "evaluator.runner:serve_role",
         EVAL_STAGES,
         {**EVALUATION, **{code: reasons.ALL[code] for code in SHARED}},
+        judge="evaluator.judge:judge",
+        judged=EVAL_STAGES,
     )
 )

@@ -31,7 +31,7 @@ import torch
 
 from filters.gpulock import exclusive_s, gpu_section, held, waited_s
 from filters.harness import CODE_FILE, stages_of
-from filters.reasons import STAGES
+from filters.reasons import STAGES, VERIFY
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -68,8 +68,7 @@ class Settings:
     def from_dict(cls, data: dict[str, Any]) -> Settings:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
-        if "stages" in values:
-            values["stages"] = stages_of(values)
+        values["stages"] = stages_of(data)
         if "window_ms" in values:
             values["window_ms"] = tuple(values["window_ms"])
         return cls(**values)
@@ -89,14 +88,16 @@ class Fail(Exception):
 # Entry points
 
 
-def run_in(workdir: str, settings: dict[str, Any], emit: Emit) -> None:
+def run_in(workdir: str, settings: dict[str, Any], emit: Emit) -> Any:
     """The ``filters`` harness's entry point (``filters.harness``): the candidate the runner
-    wrote to ``workdir``."""
-    run_candidate(os.path.join(workdir, CODE_FILE), settings, emit)
+    wrote to ``workdir``. Returns what the judge's requests are served with (``serve``)."""
+    return run_candidate(os.path.join(workdir, CODE_FILE), settings, emit)
 
 
-def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
-    """Run every stage on the candidate at ``code_path``; report through ``emit``."""
+def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
+    """Run every stage on the candidate at ``code_path``; report through ``emit``. When
+    every stage passed and the job goes on to the judge's ``verify``, returns the request
+    handlers and the failure classifier it serves the judge with (``filters.serve``)."""
     cand = Candidate(code_path, Settings.from_dict(settings))
     stage_functions: dict[str, Callable[[Candidate], dict[str, Any]]] = {
         "eager": stage_eager,
@@ -105,7 +106,10 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
         "runtime": stage_runtime,
         "compile": stage_compile,
     }
+    passed = True
     for name in cand.s.stages:
+        if name == VERIFY:
+            continue
         emit({"event": "stage", "stage": name})
         start, waited, exclusive = time.perf_counter(), waited_s(), exclusive_s()
         try:
@@ -121,8 +125,38 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> None:
             row["measures"]["gpu_exclusive_s"] = round(exclusive_s() - exclusive, 6)
         emit({"event": "verdict", "verdict": row})
         if not row["passed"]:
+            passed = False
             break
     emit({"event": "done"})
+    if passed and VERIFY in cand.s.stages:
+        return served(cand)
+    return None
+
+
+def served(c: Candidate) -> tuple[dict[str, Any], Callable[[BaseException], str]]:
+    """The requests the judge's ``verify`` makes of this candidate (``filters.serve``)."""
+    from filters.serve import Runner
+
+    def inputs(seed: int) -> list[Any]:
+        _seed(seed)
+        with c.gpu_shared():
+            raw = draw_inputs(c.module.get_inputs, c.device, seed)
+        return [_to_device(x, c.device) for x in raw]
+
+    def forward(fn: Any) -> Any:
+        def run(xs: list[Any], rng: int | None) -> list[torch.Tensor]:
+            if rng is not None:
+                return c.forward(xs, rng, fn=fn)
+            with c.gpu_shared(), torch.no_grad():  # timed: no seeding inside the clock
+                out = (c.model if fn is None else fn)(*xs)
+                c.sync()
+            return flatten_output(out)
+
+        return run
+
+    forwards = {"eager": forward(None), "compiled": forward(c.compiled)}
+    runner = Runner(c.device, inputs, forwards, c.gpu_lock if c.lock_dir else None)
+    return runner.handlers(), lambda exc: classify(exc, "forward_error")
 
 
 def device_info(device: str) -> dict[str, Any]:
@@ -173,6 +207,7 @@ class Candidate:
         self.inputs: list[Any] = []
         self.outputs: list[torch.Tensor] = []
         self.eager_ms: float | None = None
+        self.compiled: Any = None
         self._l2_buffer: torch.Tensor | None = None
         self.device_init = device_init_for(self.device)
 
@@ -547,6 +582,7 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     except BaseException as exc:
         raise Fail(classify(exc, "compile_error"), describe(exc, c.path)) from None
     compile_s = time.perf_counter() - start
+    c.compiled = compiled
     atol, rtol = c.s.compile_atol, c.s.compile_rtol
     with c.gpu_shared():
         diff = max_abs_diff(c.outputs, outputs)

@@ -34,6 +34,10 @@ class Harness:
     entry: str
     stages: tuple[str, ...]
     reasons: Mapping[str, str] = field(default_factory=dict)
+    # ``"package.module:function"`` run in the worker, outside the child, after the child's
+    # entry reported ``done`` (``filters.judge``); it alone reports the ``judged`` stages.
+    judge: str = ""
+    judged: tuple[str, ...] = ()
 
     def known(self, reason: str) -> bool:
         """Whether a row of this harness may carry ``reason``."""
@@ -45,6 +49,8 @@ class Harness:
             "entry": self.entry,
             "stages": list(self.stages),
             "reasons": sorted(self.reasons),
+            "judge": self.judge,
+            "judged": list(self.judged),
         }
 
     @classmethod
@@ -54,6 +60,8 @@ class Harness:
             str(data["entry"]),
             tuple(str(s) for s in data["stages"]),
             {str(code): "" for code in data.get("reasons", ())},
+            str(data.get("judge", "")),
+            tuple(str(s) for s in data.get("judged", ())),
         )
 
     @property
@@ -61,10 +69,20 @@ class Harness:
         """The top-level package (or module) of the entry point, bound into the sandbox."""
         return self.entry.partition(":")[0].split(".")[0]
 
-    def function(self) -> Callable[[str, dict[str, Any], Callable[[dict[str, Any]], None]], None]:
-        """The entry point, imported (in the child that runs it)."""
-        module, _, name = self.entry.partition(":")
-        return getattr(importlib.import_module(module), name)
+    def function(self) -> Callable[[str, dict[str, Any], Callable[[dict[str, Any]], None]], Any]:
+        """The entry point, imported (in the child that runs it). It may return the request
+        handlers (``filters.serve``) the child serves the judge with after ``done``."""
+        return _imported(self.entry)
+
+    def judge_function(self) -> Callable[[Any], None] | None:
+        """The judge, imported (in the worker), or None for a harness whose child's rows are
+        its verdicts."""
+        return _imported(self.judge) if self.judge else None
+
+
+def _imported(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 _REGISTRY: dict[str, Harness] = {}
@@ -75,6 +93,9 @@ def register(harness: Harness) -> Harness:
     known = _REGISTRY.get(harness.name)
     if known is not None and known != harness:
         raise ValueError(f"harness {harness.name!r} is already registered as {known.entry}")
+    judged_ok = set(harness.judged) <= set(harness.stages)
+    if not judged_ok or bool(harness.judged) != bool(harness.judge):
+        raise ValueError(f"harness {harness.name!r}: judged stages need a judge, and are stages")
     clash = sorted(set(harness.reasons) & (set(reasons.INFRA) | {reasons.OK}))
     if clash:
         raise ValueError(f"harness {harness.name!r} redefines the runner's codes {clash}")
@@ -125,7 +146,9 @@ FILTERS = register(
     Harness(
         DEFAULT,
         "filters.checks:run_in",
-        reasons.STAGES,
+        (*reasons.STAGES, reasons.VERIFY),
         {c: t for c, t in reasons.ALL.items() if c not in reasons.INFRA and c != reasons.OK},
+        judge="filters.verify:judge",
+        judged=(reasons.VERIFY,),
     )
 )

@@ -174,6 +174,7 @@ def check_settings(
         "lock_dir": lock_dir,
         "batch_timers": cfg.batch_timers,
         "candidates_per_process": cfg.candidates_per_process(device),
+        **({} if cfg.judge else {"stages": list(reasons.STAGES)}),
     }
 
 
@@ -489,7 +490,12 @@ class WorkerPool:
                 f"harness {harness!r} was registered after this pool started: its package "
                 f"{found.package!r} is not in the workers' sandbox; start the pool after"
             )
-        overrides = {**overrides, "harness": harness, "harness_spec": found.to_json()}
+        overrides = {
+            "stages": list(found.stages),
+            **overrides,
+            "harness": harness,
+            "harness_spec": found.to_json(),
+        }
         harnesses.stages_of(overrides, found)
         return self.wait(self.submit(jobs, progress, overrides))
 

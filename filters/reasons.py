@@ -75,3 +75,6 @@ ALL: dict[str, str] = {
 
 # Execution stages, cheapest first; the sandboxed checks run them in this order.
 STAGES: tuple[str, ...] = ("eager", "randomness", "degenerate", "runtime", "compile")
+# The worker's own re-check of the decisive facts, outside the candidate's process, after the
+# candidate's stages passed (``filters.verify``); its rows carry the codes above.
+VERIFY = "verify"

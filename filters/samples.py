@@ -81,7 +81,7 @@ class Sample:
 
 
 SAMPLES: tuple[Sample, ...] = (
-    Sample("good", GOOD, "compile", "ok"),
+    Sample("good", GOOD, "verify", "ok"),
     Sample(
         "import_raises",
         task_source("return x", header='raise RuntimeError("broken module")'),

@@ -36,7 +36,6 @@ import ctypes
 import errno
 import json
 import os
-import resource
 import select
 import shutil
 import signal
@@ -49,10 +48,27 @@ from typing import Any
 
 from filters import harness as harnesses
 from filters import protocol
+from filters.childio import (
+    MAX_LINE_BYTES,
+    Emitter,
+    apply_limits,
+    drain,
+    exit_failure,
+    failed_row,
+    inside,
+    log_tail,
+    proc_stat,
+    read_job,
+    read_line,
+    reusable_for,
+    state,
+    write_all,
+)
 from filters.harness import CODE_FILE
+from filters.judge import JudgeContext, Peer, PeerFailure
 
 Emit = Callable[[dict[str, Any]], None]
-Target = Callable[[Emit], None]
+Target = Callable[[Emit], Any]
 # The child's report of having read its job: it has run nothing of the job yet.
 ACCEPTED = b'{"event": "accepted"}\n'
 
@@ -60,15 +76,12 @@ ACCEPTED = b'{"event": "accepted"}\n'
 POLL_S = 0.02
 # Outside a private PID namespace the census scans every process on the host; do it less often.
 HOST_CENSUS_S = 0.1
-# Longest report line accepted from a child; a longer one is garbage.
-MAX_LINE_BYTES = 4 << 20
 # Seconds to wait for killed processes to be reaped before giving up on this worker.
 REAP_S = 10.0
 # A waiting child accepts its job within this, or it is discarded for a fresh one.
 HANDSHAKE_S = 10.0
 # How long the kill after a candidate spares the waiting child before killing everything.
 SPARE_KILL_S = 2.0
-OUTPUT_TAIL_CHARS = 500
 LOG_FILE = "output.log"
 
 PR_SET_PDEATHSIG = 1
@@ -77,8 +90,6 @@ PR_SET_CHILD_SUBREAPER = 36
 
 # torch's message when a forked child uses CUDA after the parent touched the CUDA runtime.
 FORK_POISONED = "Cannot re-initialize CUDA in forked subprocess"
-
-CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 
 
 def _prctl(option: int, value: int) -> None:
@@ -166,7 +177,7 @@ class Worker:
     # ------------------------------------------------------------------------ protocol
 
     def send(self, message: dict[str, Any]) -> None:
-        _write_all(self.out_fd, (json.dumps(message) + "\n").encode())
+        write_all(self.out_fd, (json.dumps(message) + "\n").encode())
 
     def serve(self) -> None:
         start = time.perf_counter()
@@ -242,9 +253,10 @@ class Worker:
         verdicts: list[dict[str, Any]] = []
         harness = harnesses.of_settings(settings)
         stages = harnesses.stages_of(settings, harness)
+        judged = [stage for stage in stages if stage in harness.judged]
         current = {"stage": stages[0]}
 
-        def on_event(event: dict[str, Any]) -> None:
+        def on_event(event: dict[str, Any], trusted: bool = False) -> None:
             kind = event.get("event")
             expected = stages[len(verdicts)] if len(verdicts) < len(stages) else None
             if kind == "stage" and event.get("stage") == expected:
@@ -255,17 +267,28 @@ class Worker:
                     return
                 row = event.get("verdict")
                 problem = protocol.row_problem(row, expected, harness)
+                if expected in judged and not trusted:
+                    problem = f"reported a verdict for {expected}, which only the judge reports"
                 if problem:
                     self.violation = problem
-                    row = _failed_row(expected or stages[-1], "protocol_violation", problem)
+                    row = failed_row(expected or stages[-1], "protocol_violation", problem)
                 verdicts.append(row)
                 self.send({"event": "verdict", "task_id": task_id, "verdict": row})
             elif kind == "started" and isinstance(event.get("pid"), int):
                 self.send({"event": "started", "task_id": task_id, "pid": event["pid"]})
 
+        def after_done(child: _Child, job: dict[str, Any]) -> tuple[str, str] | None:
+            """The judge's turn, once the child's own stages passed (``filters.judge``)."""
+            own = [stage for stage in stages if stage not in judged]
+            if len(verdicts) != len(own) or not all(v["passed"] for v in verdicts):
+                return None
+            return self._judge(harness, child, job, on_event)
+
         files = message.get("files") or {}
-        job = {"kind": "eval", "settings": settings}
-        _, failure, clean = self.run_child(job, on_event, code=code, files=files)
+        job = {"kind": "eval", "settings": settings, "judged": bool(judged)}
+        _, failure, clean = self.run_child(
+            job, on_event, code=code, files=files, after_done=after_done if judged else None
+        )
         complete = len(verdicts) == len(stages) or bool(verdicts and not verdicts[-1]["passed"])
         if not complete:
             # The stage that was running; if it had already reported a pass, the next one.
@@ -273,7 +296,7 @@ class Worker:
             if verdicts and verdicts[-1]["stage"] == stage:
                 stage = stages[len(verdicts)]
             reason, detail = failure or ("exited", "the candidate process ended without reporting")
-            verdicts.append(_failed_row(stage, reason, detail))
+            verdicts.append(failed_row(stage, reason, detail))
         replace = not clean or any(v["reason"] == "cuda_error" for v in verdicts)
         return {
             "event": "result",
@@ -310,8 +333,8 @@ class Worker:
             emit({"event": "calibration", "results": calibration_benchmark(self.device)})
             emit({"event": "done"})
 
-        def evaluate(emit: Emit) -> None:
-            harnesses.of_settings(settings).function()(os.getcwd(), settings, emit)
+        def evaluate(emit: Emit) -> Any:
+            return harnesses.of_settings(settings).function()(os.getcwd(), settings, emit)
 
         return {"probe": probe, "calibrate": calibrate, "eval": evaluate}[kind]
 
@@ -323,6 +346,7 @@ class Worker:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         code: str | None = None,
         files: dict[str, str] | None = None,
+        after_done: Callable[[_Child, dict[str, Any]], tuple[str, str] | None] | None = None,
     ) -> tuple[dict[str, Any], tuple[str, str] | None, bool]:
         """Run ``job`` in a child (the prestarted one, or a fresh fork); supervise it until it
         reports ``done``, dies, or crosses a limit; then kill everything it started. Returns
@@ -337,13 +361,13 @@ class Worker:
             with open(os.path.join(workdir, CODE_FILE), "w") as fh:
                 fh.write(code)
         for relative, text in (files or {}).items():
-            path = _inside(workdir, relative)
+            path = inside(workdir, relative)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as fh:
                 fh.write(text)
         log_path = os.path.join(workdir, LOG_FILE)
         job = {**job, "workdir": workdir, "log_path": log_path}
-        reusable = _reusable_for(settings)
+        reusable = reusable_for(settings)
         if job["kind"] == "eval":
             self._ahead_next = self.prepare_ahead and reusable  # for the spare forked next
         child, started = self._reuse_kept(job)
@@ -367,6 +391,8 @@ class Worker:
                     started,
                     may_prepare=child.served == 1 and reusable,
                 )
+                if failure is None and after_done is not None:
+                    failure = after_done(child, job)
                 per_process = int(settings.get("candidates_per_process", 1))
                 if self.violation:  # never trusted with another candidate
                     self.last_retired = "protocol_violation"
@@ -380,11 +406,78 @@ class Worker:
                 child.close()
                 clean = self._kill_all(child.pid)
         if failure and failure[0] in ("crashed", "exited"):
-            tail = _tail(log_path)
+            tail = log_tail(log_path)
             if tail:
                 failure = (failure[0], f"{failure[1]}; output tail: {tail}")
         self._wipe()
         return payload, failure, clean
+
+    # ------------------------------------------------------------------------ the judge
+
+    def _judge(
+        self,
+        harness: harnesses.Harness,
+        child: _Child,
+        job: dict[str, Any],
+        on_event: Callable[..., None],
+    ) -> tuple[str, str] | None:
+        """Run ``harness``'s judge here, in the worker, against ``child`` (which reported
+        ``done`` and now serves requests) and any child the judge starts for this job; the
+        judge reports the judged stages' rows itself. A failure of a child on the way (it
+        broke the protocol, died, hit a limit, ran out of time) is returned for the stage the
+        judge was in. Every child it started is killed before this returns."""
+        settings = job["settings"]
+        deadline = time.monotonic() + float(settings.get("task_timeout_s", 60.0))
+        spawned: list[_Child] = []
+
+        def peer(of: _Child, pending: bytes = b"") -> Peer:
+            def tick() -> tuple[str, str] | None:
+                done_pid, status = os.waitpid(of.pid, os.WNOHANG)
+                if done_pid:
+                    of.reaped = True
+                    return exit_failure(status, job["log_path"], settings)
+                return self._watchdog(of.pid, job["log_path"], settings)
+
+            return Peer(of.go_fd, of.report_fd, deadline=deadline, tick=tick, pending=pending)
+
+        def spawn(**overrides: Any) -> Peer:
+            started_job = {**job, "settings": {**settings, **overrides}}
+            other, started = self._start_child(started_job)
+            spawned.append(other)
+            if started is None:
+                raise PeerFailure("filter_error", "the judge's second process did not start")
+
+            def no_verdicts(event: dict[str, Any]) -> None:
+                if event.get("event") == "verdict":
+                    self.violation = "a judged process reported a verdict of its own"
+
+            _, failure = self._supervise(
+                other.pid,
+                other.report_fd,
+                started_job["settings"],
+                job["log_path"],
+                no_verdicts,
+                started,
+            )
+            if failure or self.violation:
+                raise PeerFailure(*(failure or ("protocol_violation", self.violation)))
+            return peer(other, self._leftover)
+
+        first = peer(child, self._leftover)
+        context = JudgeContext(first, settings, spawn, on_event)
+        try:
+            harness.judge_function()(context)  # type: ignore[misc]
+            context.end(first)
+            self._leftover = bytes(first.buffer)
+        except PeerFailure as failure:
+            if failure.reason == "protocol_violation":
+                self.violation = failure.detail
+            return failure.reason, failure.detail
+        finally:
+            for other in spawned:
+                other.close()
+                self._kill_all(other.pid)
+        return None
 
     # ------------------------------------------------------------------------ children
 
@@ -426,7 +519,7 @@ class Worker:
         it may): it must report its own audit (``filters.state_audit``) within
         ``HANDSHAKE_S``, and nothing but the process itself may be left of the candidate (no
         other process, no extra thread the audit could not see)."""
-        line = _read_line(child.report_fd, time.monotonic() + HANDSHAKE_S, self._leftover)
+        line = read_line(child.report_fd, time.monotonic() + HANDSHAKE_S, self._leftover)
         try:
             audit = json.loads(line) if line else {}
         except ValueError:
@@ -460,7 +553,7 @@ class Worker:
         except ChildProcessError:
             child.reaped = True
             return False
-        return _state(child.pid) not in ("", "T", "t", "Z", "X")
+        return state(child.pid) not in ("", "T", "t", "Z", "X")
 
     def _hand_over(self, child: _Child, job: dict[str, Any], *, refusable: bool) -> bytes | None:
         """Send ``job``; wait for the child to accept it. The bytes it reported after
@@ -468,7 +561,7 @@ class Worker:
         gave no answer in time ("unresponsive")."""
         self._refusal = "refused"
         try:
-            _write_all(child.go_fd, (json.dumps({**job, "refusable": refusable}) + "\n").encode())
+            write_all(child.go_fd, (json.dumps({**job, "refusable": refusable}) + "\n").encode())
         except OSError:
             return None
         received = b""
@@ -532,19 +625,19 @@ class Worker:
                 from filters import state_audit
 
                 ahead = state_audit.Preparation(self.device, after=early.wait)
-            emitter = _Emitter(report_fd)
+            emitter = Emitter(report_fd)
             baseline = None
             served = 0
             while True:
-                job = _read_job(go_fd)
+                job = read_job(go_fd)
                 if job is None:
                     os._exit(0)
                 if not served and job["refusable"] and early.done and early.failed:
                     os._exit(75)  # refused: the parent hands the job to a fresh child
-                _write_all(report_fd, ACCEPTED)
+                write_all(report_fd, ACCEPTED)
                 settings = job["settings"]
-                reuse = _reusable_for(settings)
-                if not reuse:
+                reuse = reusable_for(settings)
+                if not reuse and not job.get("judged"):
                     os.close(go_fd)  # its last job: the candidate gets no way to the pipe
                 if reuse and baseline is None:
                     from filters import state_audit
@@ -571,11 +664,15 @@ class Worker:
                 os.dup2(log, 1)
                 os.dup2(log, 2)
                 os.close(log)
-                _apply_limits(settings, self.device, reuse=reuse)
+                apply_limits(settings, self.device, reuse=reuse)
                 os.chdir(workdir)
                 os.environ["TMPDIR"] = workdir
                 try:
-                    self._target(job)(emitter.emit)
+                    served_by = self._target(job)(emitter.emit)
+                    if job.get("judged") and served_by:
+                        from filters.serve import serve
+
+                        serve(go_fd, emitter.emit, *served_by)
                 except BaseException:
                     emitter.emit({"event": "error", "detail": traceback.format_exc()[-1500:]})
                     raise
@@ -667,11 +764,11 @@ class Worker:
                 return payload, ("crashed", "the candidate wrote an oversized report line")
             done_pid, status = os.waitpid(pid, os.WNOHANG)
             if done_pid:
-                if pipe_open and consume(_drain(read_fd)):
+                if pipe_open and consume(drain(read_fd)):
                     return payload, None
                 if error is not None:
                     return payload, ("filter_error", f"the check harness raised: {error}")
-                return payload, _exit_failure(status, log_path, settings)
+                return payload, exit_failure(status, log_path, settings)
             now = time.monotonic()
             if now >= next_census:
                 next_census = now + census_every
@@ -700,7 +797,7 @@ class Worker:
             proc = int(name)
             if proc in (me, spare) or (self.private_pidns and proc == 1):
                 continue
-            stat = _stat(proc)
+            stat = proc_stat(proc)
             if stat is None:
                 continue
             ppid, pgrp, session, threads, rss = stat
@@ -796,191 +893,6 @@ def _share_precompiled_headers() -> None:
     if cache and codecache is not None and hasattr(codecache, "_HEADER_DIR"):
         codecache._HEADER_DIR = os.path.join(cache, "precompiled_headers")
         codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
-
-
-class _Emitter:
-    """Writes report lines; a process forked by the candidate that falls back into the harness
-    exits instead of writing, so only the child itself reports."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.pid = os.getpid()
-
-    def emit(self, message: dict[str, Any]) -> None:
-        if os.getpid() != self.pid:
-            os._exit(0)
-        _write_all(self.fd, (json.dumps(message) + "\n").encode())
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _inside(root: str, relative: str) -> str:
-    """``root/relative``, refusing paths that would land outside ``root``."""
-    path = os.path.normpath(os.path.join(root, relative))
-    if os.path.isabs(relative) or not path.startswith(root.rstrip("/") + "/"):
-        raise ValueError(f"file path {relative!r} leaves the candidate's directory")
-    return path
-
-
-def _drain(fd: int) -> bytes:
-    chunks = []
-    while select.select([fd], [], [], 0)[0]:
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _failed_row(stage: str, reason: str, detail: str) -> dict[str, Any]:
-    return {"stage": stage, "passed": False, "reason": reason, "detail": detail, "measures": {}}
-
-
-def _stat_fields(pid: int) -> list[bytes]:
-    """The fields of /proc/PID/stat after the command name (state first); [] if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return []
-    return raw[raw.rfind(b")") + 2 :].split()
-
-
-def _stat(pid: int) -> tuple[int, int, int, int, int] | None:
-    """(ppid, pgrp, session, threads, rss pages) from /proc/PID/stat."""
-    fields = _stat_fields(pid)
-    try:
-        return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[17]), int(fields[21])
-    except (IndexError, ValueError):
-        return None
-
-
-def _state(pid: int) -> str:
-    """The process state letter ("" if it is gone)."""
-    fields = _stat_fields(pid)
-    return fields[0].decode() if fields else ""
-
-
-def _reusable_for(settings: dict[str, Any]) -> bool:
-    """Whether a process that ran a job with these settings may take another: filter checks
-    only (a solution for the evaluator loads compiled extensions nothing can unload)."""
-    return int(settings.get("candidates_per_process", 1)) > 1 and not settings.get("harness")
-
-
-def _read_line(fd: int, deadline: float, pending: bytes = b"") -> bytes:
-    """The first line of ``pending`` and what ``fd`` brings until ``deadline``; b"" if none
-    came whole (the writer closed the pipe, or the time ran out)."""
-    data = pending
-    while b"\n" not in data:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return b""
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b""
-        data += chunk
-        if len(data) > MAX_LINE_BYTES:
-            return b""
-    return data.partition(b"\n")[0]
-
-
-def _read_job(fd: int) -> dict[str, Any] | None:  # pragma: no cover - child
-    """The child's next job: one JSON line on its go pipe; None when the parent closed it."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return None
-        data += chunk
-    return json.loads(data)
-
-
-def _exit_failure(status: int, log_path: str, settings: dict[str, Any]) -> tuple[str, str]:
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        if sig == signal.SIGXCPU:
-            return ("timeout", "CPU time limit exceeded")
-        if sig == signal.SIGXFSZ:
-            cap = int(settings.get("output_limit_bytes", 1 << 20))
-            with contextlib.suppress(OSError):
-                if os.stat(log_path).st_size > cap:
-                    return ("output_flood", "stdout/stderr hit the file size limit")
-            return ("resource_limit", "file size limit exceeded")
-        if sig == signal.SIGKILL:
-            return ("resource_limit", "killed by SIGKILL (most likely the kernel's OOM killer)")
-        if sig in CRASH_SIGNALS:
-            return ("crashed", f"killed by {name}")
-        return ("crashed", f"killed by signal {name}")
-    return (
-        "exited",
-        f"the candidate process exited with status {os.WEXITSTATUS(status)} before reporting",
-    )
-
-
-def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - OUTPUT_TAIL_CHARS))
-            return fh.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _apply_limits(
-    settings: dict[str, Any], device: str, reuse: bool = False
-) -> None:  # pragma: no cover - child
-    """rlimits for the candidate child. RLIMIT_AS only on CPU: CUDA reserves a virtual range
-    far beyond physical memory, so on CUDA the parent's resident-memory watchdog is the cap.
-    RLIMIT_NPROC is counted per real user and ignored for root, so the watchdog's process
-    census backs it up. A process that takes several candidates counts CPU time from what it
-    has used so far, and keeps its hard CPU limit open (it could never be raised again for
-    the next candidate): the parent's wall-clock limit is the backstop."""
-    timeout = float(settings.get("task_timeout_s", 60.0))
-    threads = max(1, int(settings.get("threads", 1)))
-    cpu = int(timeout * threads) + 5
-    if reuse:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        cpu += int(usage.ru_utime + usage.ru_stime)
-    limits = {
-        resource.RLIMIT_CORE: 0,
-        resource.RLIMIT_CPU: cpu,
-        resource.RLIMIT_FSIZE: int(settings.get("file_size_limit_bytes", 256 << 20)),
-    }
-    if device != "cuda":
-        limits[resource.RLIMIT_AS] = int(settings.get("memory_limit_bytes", 8 << 30))
-    if os.getuid() != 0:
-        limits[resource.RLIMIT_NPROC] = _user_tasks() + int(settings.get("max_processes", 256))
-    for which, value in limits.items():
-        _, hard = resource.getrlimit(which)
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        elif which == resource.RLIMIT_CPU and not reuse:
-            hard = value + 5  # SIGXCPU at the soft limit, SIGKILL 5 s later
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(which, (value, hard))
-
-
-def _user_tasks() -> int:  # pragma: no cover - child
-    """Threads the current user already runs (RLIMIT_NPROC counts them all)."""
-    uid = os.getuid()
-    count = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    count += len(os.listdir(f"/proc/{name}/task"))
-    return count
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -406,6 +406,13 @@ class FiltersConfig(_Section):
         "audit_prepared_ahead). Off by default: on a two-H200 host it shortened candidates' "
         "waits for the baseline but not the filters' span (ARCHITECTURE.md)",
     )
+    judge: bool = Field(
+        default=True,
+        description="after a candidate's own stages pass, the worker re-derives the decisive "
+        "facts outside the candidate's process, from seeds and a clock the candidate cannot "
+        "reach (the verify stage, filters.verify); false = the candidate's own rows decide, "
+        "which a candidate that patches its process can forge",
+    )
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
     batch_timers: bool = Field(

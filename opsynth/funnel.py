@@ -18,6 +18,7 @@ STAGE_ORDER = [
     "degenerate",
     "runtime",
     "compile",
+    "verify",
     "dedup",
     "export",
 ]

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from filters import reasons
 from filters.audit import audit_tasks, load_task_set
+from filters.harness import FILTERS
 from filters.samples import GOOD, task_source
 from opsynth.config import FiltersConfig
 
@@ -79,6 +79,6 @@ def test_audit_keeps_good_and_counts_each_drop(tmp_path: Path) -> None:
     assert len(result.dropped) == 3
     assert seen[-1] == (2, 2)  # the duplicate is evaluated once
     kept_stages = [v.stage for v in result.verdicts if v.task_id == tasks[0].id]
-    assert kept_stages == ["static", *reasons.STAGES]
+    assert kept_stages == ["static", *FILTERS.stages]
     static_rows = [v for v in result.verdicts if v.stage == "static"]
     assert len(static_rows) == 4 and all(v.device.startswith("cpu:") for v in static_rows)

@@ -15,6 +15,7 @@ import torch
 
 from evaluator.reasons import EVALUATION
 from filters import checks, reasons
+from filters.harness import FILTERS
 from filters.pool import WorkerPool
 from filters.samples import GOOD, SAMPLES, Sample, task_source
 from filters.smoke import run_smoke
@@ -54,7 +55,8 @@ def test_sample_gets_exactly_its_reason(
     sample: Sample, sample_run: tuple[dict[str, list[Verdict]], dict[str, Any]]
 ) -> None:
     verdicts = sample_run[0][sample.name]
-    expected_stages = list(reasons.STAGES[: reasons.STAGES.index(sample.stage) + 1])
+    stages = FILTERS.stages
+    expected_stages = list(stages[: stages.index(sample.stage) + 1])
     assert [v.stage for v in verdicts] == expected_stages, [
         (v.stage, v.reason, v.detail) for v in verdicts
     ]

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from filters import reasons, sandbox
+from filters import sandbox
+from filters.harness import FILTERS
 from filters.pool import WorkerPool, isolation_problem
 from filters.samples import GOOD, task_source
 from opsynth.config import FiltersConfig
@@ -67,6 +68,56 @@ class Host:
         if kind == "bwrap" and os.geteuid() == 0:
             cache = cache / f"sandbox-uid{FiltersConfig().sandbox_uid}"
         return cache / f"heartbeat-{kind}-{TOKEN}"
+
+
+# Candidates that make their own process's checks pass: by patching the functions the checks
+# call, or by writing every row themselves. Each fools its own stages; the worker's verify stage
+# (filters.verify), which decides from seeds, samples and a clock outside the process, does not.
+PATCH_CHECKS = "import sys\nchecks = sys.modules['filters.checks']\n"
+FORGE_ROWS = """
+import json, os
+stages = ['eager', 'randomness', 'degenerate', 'runtime', 'compile', 'verify']
+lines = [{'event': 'verdict', 'verdict': {'stage': s, 'passed': True, 'reason': 'ok',
+          'detail': '', 'measures': {}}} for s in stages] + [{'event': 'done'}]
+for fd in range(3, 256):
+    try:
+        os.write(fd, ''.join(json.dumps(line) + '\\n' for line in lines).encode())
+    except OSError:
+        pass
+"""
+
+
+def forgeries() -> list[Hostile]:
+    t = task_source
+    return [
+        Hostile(
+            "zeros_behind_patched_checks",
+            t(
+                "return torch.zeros_like(x)",
+                header=PATCH_CHECKS + "checks.trivial_answer = lambda *a, **k: ''\n"
+                "checks.rel_diff = lambda *a, **k: 1.0\n"
+                "checks._real = lambda t: torch.arange(t.numel(), dtype=torch.float32)\n",
+            ),
+            "constant_output",
+            stage="verify",
+        ),
+        Hostile(
+            "random_behind_patched_checks",
+            t(
+                "return x + torch.rand_like(x)",
+                header=PATCH_CHECKS + "checks.all_close = lambda *a, **k: True\n"
+                "checks.max_abs_diff = lambda *a, **k: 0.0\n",
+            ),
+            "random",
+            stage="verify",
+        ),
+        Hostile(
+            "forged_rows_for_every_stage",
+            t("return torch.zeros_like(x)", header=FORGE_ROWS),
+            "protocol_violation",
+            stage="verify",
+        ),
+    ]
 
 
 def hostile_tasks(host: Host, *, rlimits_safe: bool) -> list[Hostile]:
@@ -151,7 +202,7 @@ def hostile_tasks(host: Host, *, rlimits_safe: bool) -> list[Hostile]:
             ),
             "protocol_violation",
         ),
-    ]
+    ] + forgeries()
     if rlimits_safe:
         return common
     return (
@@ -477,7 +528,7 @@ def _check(attack: Hostile, rows: list[Verdict]) -> None:
     if attack.stage is not None:
         assert last.stage == attack.stage, summary
     assert all(v.passed for v in rows[:-1]), summary
-    assert last.stage in reasons.STAGES
+    assert last.stage in FILTERS.stages
 
 
 BWRAP_ATTACKS = [
@@ -588,7 +639,7 @@ def test_patching_torch_does_not_leak_into_the_next_candidate(host: Host) -> Non
         assert pool.stats["workers_started"] == 1  # the same worker served both
     patched, good = results[tasks[0].id], results[tasks[1].id]
     assert not patched[-1].passed
-    assert [v.reason for v in good] == ["ok"] * len(reasons.STAGES)
+    assert [v.reason for v in good] == ["ok"] * len(FILTERS.stages)
 
 
 def sibling_attack(action: str) -> str:
@@ -650,7 +701,7 @@ def test_a_candidate_cannot_tamper_with_the_next_candidates_process(host: Host) 
         assert last.reason == "forward_error", last.detail
         assert "siblings=1 opened=[]" in last.detail, last.detail
     for good in (tasks[1], tasks[3]):
-        assert [v.reason for v in results[good.id]] == ["ok"] * len(reasons.STAGES)
+        assert [v.reason for v in results[good.id]] == ["ok"] * len(FILTERS.stages)
 
 
 @pytest.mark.gpu
@@ -670,4 +721,4 @@ def test_illegal_memory_access_is_a_cuda_error(host: Host) -> None:
         replaced = pool.stats["workers_replaced"]
     assert results[tasks[0].id][-1].reason == "cuda_error"
     assert replaced >= 1  # a CUDA error retires the worker
-    assert [v.reason for v in results[tasks[1].id]] == ["ok"] * len(reasons.STAGES)
+    assert [v.reason for v in results[tasks[1].id]] == ["ok"] * len(FILTERS.stages)

@@ -1,0 +1,213 @@
+"""The evaluator's judge: correctness, timing and the numbers behind the reward, decided in the
+worker, outside every process that runs task or solution code.
+
+Per (task, solution) pair (``evaluator.runner`` serves the other side):
+
+1. The **reference** process (the task only) is given every seed up front: for each
+   correctness trial and each timed call, the inputs drawn from its seed, eager's output
+   sample at positions from a second seed, and the eager and ``torch.compile`` timings.
+   It is told to end before the solution's process starts.
+2. The **solution** process gets one seed at a time, each only when its call comes. Every
+   correctness trial and every timed call is checked: its sample must pass allclose at
+   ``atol``/``rtol`` at the sampled positions and in the checksum (``filters.judge.mismatch``),
+   so a call whose work was skipped, replayed or memoised fails unless its output happens to
+   lie within tolerance of the right one everywhere the sample looks. Inputs must come back
+   untouched, and a repeat on the same inputs must agree.
+3. **Timing** is by this process's clock: each timed call is a cycle of four requests (draw,
+   L2 flush, forward, sample); its time is the cycle less its own draw-flush-sample part, but
+   never less than the cycle less the median of that part in the reference's eager cycles on
+   the same shapes. Work moved out of the forward into the draw or the sample is still
+   counted, and a patched timer in the child measures nothing that counts. The residual: the
+   forward's request is a pipe round trip, the same for all three timings, which slightly
+   compresses the speedups of sub-millisecond calls.
+
+Standard library only (``filters.judge``): this runs in the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from filters import judge as j
+
+BUILD, CORRECTNESS, TIMING = "build", "correctness", "timing"
+REPEAT_TOLERANCE = 1e-5
+
+
+def judge(ctx: j.JudgeContext) -> None:
+    s = ctx.settings
+    timed = s.get("device", "cpu") == "cuda" or bool(s.get("time_on_cpu", False))
+    trials = [(j.seed(), j.seed()) for _ in range(int(s.get("trials", 5)))]
+    calls = [(j.seed(), j.seed()) for _ in range(int(s.get("timed_runs", 50)))] if timed else []
+    warmup = [j.seed() for _ in range(int(s.get("warmup_runs", 5)))] if timed else []
+    try:
+        reference = _reference(ctx.peer, trials, calls, warmup)
+    except (j.Refused, j.PeerFailure) as failed:
+        ctx.stage(BUILD)
+        ctx.verdict(BUILD, "filter_error", f"the task's reference failed: {failed.detail}")
+        return
+    ctx.end(ctx.peer)
+    solution = ctx.spawn(role="solution")
+    atol, rtol = float(s.get("atol", 1e-2)), float(s.get("rtol", 1e-2))
+    for stage, check in (
+        (BUILD, lambda: solution.request("load")[0]),
+        (CORRECTNESS, lambda: _correctness(solution, reference, trials, atol, rtol)),
+        (TIMING, lambda: _timing(solution, reference, calls, warmup, atol, rtol, timed)),
+    ):
+        ctx.stage(stage)
+        try:
+            measures = check()
+        except j.Refused as refused:
+            ctx.verdict(stage, refused.reason, refused.detail)
+            return
+        except Failed as failed:
+            ctx.verdict(stage, failed.reason, failed.detail, failed.measures)
+            return
+        if not ctx.verdict(stage, "ok", "", measures):
+            return
+
+
+class Failed(Exception):
+    def __init__(self, reason: str, detail: str, **measures: Any) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail, self.measures = reason, detail, measures
+
+
+class Reference:
+    """What the reference handed over: per trial its inputs' and eager output's samples, per
+    timed call eager's sample, and eager's and compile's cycle times."""
+
+    def __init__(self) -> None:
+        self.inputs: list[list[j.Output]] = []
+        self.trials: list[list[j.Output]] = []
+        self.calls: list[list[j.Output]] = []
+        self.eager: list[tuple[float, float]] = []
+        self.compiled: list[tuple[float, float]] = []
+        self.overhead = 0.0
+        self.compile_s = 0.0
+
+
+def _reference(
+    peer: j.Peer, trials: list[tuple[int, int]], calls: list[tuple[int, int]], warmup: list[int]
+) -> Reference:
+    ref = Reference()
+    peer.request("load")
+    for draw, positions in trials:
+        peer.request("draw", seed=draw)
+        ref.inputs.append(j.parse_sample(peer.request("sample", seed=positions, of="inputs")[0]))
+        peer.request("run", which="eager")
+        ref.trials.append(j.parse_sample(peer.request("sample", seed=positions)[0]))
+    if not calls:
+        return ref
+    _warm(peer, "eager", warmup)
+    ref.eager = _cycles(peer, "eager", calls, ref.calls)
+    ref.overhead = j.median([overhead for _, overhead in ref.eager])
+    peer.request("draw", seed=calls[0][0])
+    ref.compile_s = float(peer.request("compile")[0].get("compile_s", 0.0))
+    _warm(peer, "compiled", warmup)
+    ref.compiled = _cycles(peer, "compiled", calls, [])
+    return ref
+
+
+def _warm(peer: j.Peer, which: str, seeds: list[int]) -> None:
+    for seed in seeds:
+        peer.request("draw", seed=seed)
+        peer.request("run", which=which)
+
+
+def _cycles(
+    peer: j.Peer,
+    which: str,
+    calls: list[tuple[int, int]],
+    samples: list[list[j.Output]],
+    check: Any = None,
+) -> list[tuple[float, float]]:
+    """Seconds per timed call: its cycle (draw, flush, forward, sample) and the cycle's
+    non-forward part, the GPU held; each sample kept and ``check(i, sample)``-ed."""
+    cycles: list[tuple[float, float]] = []
+    peer.request("lock")
+    try:
+        for i, (draw, positions) in enumerate(calls):
+            drawn = peer.request("draw", seed=draw)[1]
+            flushed = peer.request("flush")[1]
+            ran = peer.request("run", which=which)[1]
+            reply, sampled = peer.request("sample", seed=positions)
+            cycles.append((drawn + flushed + ran + sampled, drawn + flushed + sampled))
+            samples.append(j.parse_sample(reply))
+            if check is not None:
+                check(i, samples[-1])
+    finally:
+        peer.request("unlock")
+    return cycles
+
+
+def _correctness(
+    peer: j.Peer, ref: Reference, trials: list[tuple[int, int]], atol: float, rtol: float
+) -> dict[str, Any]:
+    worst = 0.0
+    for n, (draw, positions) in enumerate(trials):
+        peer.request("draw", seed=draw)
+        peer.request("run", which="new")
+        got = j.parse_sample(peer.request("sample", seed=positions)[0])
+        why, diff = j.mismatch(ref.trials[n], got, atol, rtol)
+        if why:
+            raise Failed("incorrect", f"trial {n}: {why}", max_abs_diff=j.finite(diff))
+        worst = max(worst, diff)
+        after = j.parse_sample(peer.request("sample", seed=positions, of="inputs")[0])
+        if j.mismatch(ref.inputs[n], after, 0.0, 0.0)[0]:
+            raise Failed("input_mutated", f"trial {n}: ModelNew changed its inputs")
+        peer.request("run", which="new")
+        again = j.parse_sample(peer.request("sample", seed=positions)[0])
+        why, _ = j.mismatch(got, again, REPEAT_TOLERANCE, REPEAT_TOLERANCE)
+        if why:
+            raise Failed("unstable_output", f"trial {n}, two runs on the same inputs: {why}")
+    guard = peer.request("guard")[0]
+    return {
+        "trials": len(trials),
+        "max_abs_diff": worst,
+        "functional_calls": _count(guard.get("functional_calls")),
+        "torch_compute_calls": _count(guard.get("torch_compute_calls")),
+        "judged": True,
+    }
+
+
+def _timing(
+    peer: j.Peer,
+    ref: Reference,
+    calls: list[tuple[int, int]],
+    warmup: list[int],
+    atol: float,
+    rtol: float,
+    timed: bool,
+) -> dict[str, Any]:
+    if not timed:
+        return {"timed": False}
+
+    def check(i: int, got: list[j.Output]) -> None:
+        why, _ = j.mismatch(ref.calls[i], got, atol, rtol)
+        if why:
+            raise Failed("replayed_output", f"timed call {i}: {why}", call=i)
+
+    _warm(peer, "new", warmup)
+    solution = _cycles(peer, "new", calls, [], check)
+    return {
+        "timed": True,
+        "eager_ms": _ms(ref.eager, ref.overhead),
+        "compile_ms": _ms(ref.compiled, ref.overhead),
+        "solution_ms": _ms(solution, ref.overhead),
+        "compile_s": ref.compile_s,
+        "timed_runs": len(calls),
+        "overhead_ms": round(ref.overhead * 1e3, 6),
+        "checked_calls": len(calls),
+    }
+
+
+def _ms(cycles: list[tuple[float, float]], overhead: float) -> float:
+    """Median ms of the calls: each cycle less its own overhead, capped at ``overhead`` (the
+    reference's median), so no work moved out of the forward goes uncounted."""
+    times = [cycle - min(own, overhead) for cycle, own in cycles]
+    return round(max(j.median(times), 1e-6) * 1e3, 6)
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value >= 0 else 0

@@ -1,0 +1,103 @@
+"""The sandboxed side of a judged evaluation: one process per role, answering the judge.
+
+The ``evaluator`` harness's entry point (``evaluator.reasons.HARNESS``). The worker starts
+two processes per (task, solution) pair, one after the other: ``reference`` builds the task's
+``Model`` (and its ``torch.compile``), ``solution`` builds the solution (its extension,
+``ModelNew`` with the reference's weights). Each then only draws inputs from the seeds it is
+sent, runs forwards and hands over samples of its outputs (``filters.serve``); the judge
+(``evaluator.judge``, in the worker) compares, times and decides. The solution's process
+never holds a seed before the judge needs its output, nor anything of the reference's.
+
+The in-process stages of ``evaluator.harness`` are reused for building; the agent's own
+feedback commands (``trainer.commands``) run those stages directly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from evaluator.harness import (
+    Rejected,
+    Session,
+    _classify,
+    _flatten,
+    _gpu,
+    build_models,
+    stage_build,
+)
+from filters.checks import compile_locked, load_module
+from filters.serve import Refusal, Runner
+
+REFERENCE, SOLUTION = "reference", "solution"
+TASK_MODULE = "opsynth_task"
+
+
+def serve_role(workdir: str, settings: dict[str, Any], emit: Any) -> Any:
+    """Report ``done`` at once (nothing of the job has run yet) and return what this role
+    serves the judge with: the common requests plus ``load`` (and, for the reference,
+    ``compile``; for the solution, ``guard``)."""
+    session = Session(workdir, settings)
+    role = str(settings.get("role", REFERENCE))
+    emit({"event": "done"})
+    forwards: dict[str, Any] = {}
+    lock = (lambda: _gpu(session, exclusive=True)) if session.cuda else None
+    runner = Runner(session.device, session.draw, forwards, lock)
+    handlers = runner.handlers()
+    if role == SOLUTION:
+        forwards["new"] = lambda xs, rng: _flatten(session.run_new(xs), "ModelNew")
+        handlers["load"] = lambda request: _load_solution(session)
+        handlers["guard"] = lambda request: _guard_counts(session)
+    else:
+        compiled: dict[str, Any] = {}
+        forwards["eager"] = lambda xs, rng: _flatten(session.run_ref(xs), "Model")
+        forwards["compiled"] = lambda xs, rng: _flatten(compiled["fn"](*xs), "Model")
+        handlers["load"] = lambda request: _load_reference(session)
+        handlers["compile"] = lambda request: _compile(session, runner, compiled)
+    return handlers, _reason
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.reason if isinstance(exc, Rejected) else _classify(exc, "correctness")
+
+
+def _refused(exc: Rejected) -> Refusal:
+    return Refusal(exc.reason, exc.detail)
+
+
+def _load_reference(s: Session) -> dict[str, Any]:
+    task_file = str(s.s.get("task_file", "candidate.py"))
+    s.task = load_module(f"{s.workdir}/{task_file}", TASK_MODULE)
+    init = s.task.get_init_inputs()
+    torch.manual_seed(0)
+    s.model = s.task.Model(*init).to(s.device).eval()
+    return {}
+
+
+def _load_solution(s: Session) -> dict[str, Any]:
+    try:
+        measures = stage_build(s)
+        build_models(s)
+    except Rejected as exc:
+        raise _refused(exc) from None
+    return measures
+
+
+def _compile(s: Session, runner: Runner, compiled: dict[str, Any]) -> dict[str, Any]:
+    shared = (lambda: _gpu(s, exclusive=False)) if s.s.get("lock_dir") and s.cuda else None
+    compiled["fn"] = compile_locked(s.model, shared)
+    start = time.perf_counter()
+    with torch.no_grad():
+        compiled["fn"](*runner.inputs)
+    s.sync()
+    return {"compile_s": round(time.perf_counter() - start, 3)}
+
+
+def _guard_counts(s: Session) -> dict[str, Any]:
+    return {
+        "functional_calls": len(s.guard.functional),
+        "torch_compute_calls": len(s.guard.compute),
+        "torch_ops_seen": sorted(set(s.guard.compute))[:20],
+    }

@@ -1,0 +1,185 @@
+"""The candidate's side of a judged job: answer the worker's requests, one JSON line each.
+
+Nothing here decides anything: the worker (``filters.judge``) draws the seeds, times the
+requests with its own clock and compares what comes back. This side draws inputs from the
+seeds it is given, runs the forwards it is asked for and hands over a *sample* of each output
+(``sample``): the values at positions drawn from a seed that arrives only after the forward
+returned, and checksums of every element against random weights from that seed. Large
+outputs never cross the pipe, and an output computed lazily after the forward (to look fast)
+has to be computed whole, while the worker's clock for the sample runs.
+
+Standard library and torch only (the worker's child imports it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from filters.judge import CHECKSUMS, SAMPLE_POSITIONS
+
+Emit = Callable[[dict[str, Any]], None]
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+CHUNK = 1 << 24  # elements per checksum step: bounds the extra device memory a sample takes
+
+
+class Refusal(Exception):
+    """A request this process fails for a reason of its harness's vocabulary."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def serve(
+    fd: int, emit: Emit, handlers: dict[str, Handler], classify: Callable[[BaseException], str]
+) -> None:
+    """Answer requests from ``fd`` until ``end`` or the worker closes it. A handler that
+    raises answers with its reason (``Refusal``) or ``classify``'s, and serving goes on: the
+    worker decides what a failure means."""
+    reader = os.fdopen(fd, "rb", buffering=0, closefd=False)
+    pending = b""
+    while True:
+        while b"\n" not in pending:
+            chunk = reader.read(1 << 16)
+            if not chunk:
+                return
+            pending += chunk
+        line, _, pending = pending.partition(b"\n")
+        request = json.loads(line)
+        op = request.get("op")
+        if op == "end":
+            emit({"re": "end"})
+            return
+        try:
+            handler = handlers[op]
+            emit({"re": op, **handler(request)})
+        except Refusal as refusal:
+            emit({"re": op, "error": refusal.reason, "detail": refusal.detail[:2000]})
+        except BaseException as exc:  # the candidate's code may raise anything
+            emit({"re": op, "error": classify(exc), "detail": f"{type(exc).__name__}: {exc}"})
+
+
+class Runner:
+    """The requests every judged harness serves: ``ping``; ``draw`` (inputs from a seed);
+    ``run`` (one of ``forwards`` on the drawn inputs, its outputs kept); ``sample`` (of the
+    kept outputs, or of the inputs); ``lock``/``unlock`` (the GPU exclusively, for timed
+    runs); ``flush`` (the L2, before a timed run)."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        get_inputs: Callable[[int], list[Any]],
+        forwards: dict[str, Callable[[list[Any], int | None], list[torch.Tensor]]],
+        lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    ) -> None:
+        self.device = device
+        self.get_inputs = get_inputs
+        self.forwards = forwards
+        self.lock = lock
+        self.inputs: list[Any] = []
+        self.outputs: list[torch.Tensor] = []
+        self._held: contextlib.ExitStack | None = None
+        self._l2: torch.Tensor | None = None
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "ping": lambda request: {},
+            "draw": self.draw,
+            "run": self.run,
+            "sample": self.sample,
+            "lock": self.take_lock,
+            "unlock": self.release_lock,
+            "flush": self.flush,
+        }
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def draw(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.inputs = self.get_inputs(int(request["seed"]))
+        self.outputs = []
+        self.sync()
+        return {}
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        forward = self.forwards[str(request["which"])]
+        self.outputs = []
+        with torch.no_grad():
+            rng = request.get("rng")
+            self.outputs = forward(self.inputs, None if rng is None else int(rng))
+        self.sync()
+        return {}
+
+    def sample(self, request: dict[str, Any]) -> dict[str, Any]:
+        tensors = self.outputs
+        if request.get("of") == "inputs":
+            tensors = [x for x in self.inputs if isinstance(x, torch.Tensor)]
+        if not tensors:
+            raise Refusal("bad_output", "nothing to sample")
+        seed = int(request["seed"])
+        with torch.no_grad():
+            return {"outputs": [sample_tensor(t, seed + i) for i, t in enumerate(tensors)]}
+
+    def take_lock(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.lock is not None and self._held is None:
+            self._held = contextlib.ExitStack()
+            self._held.enter_context(self.lock())
+        return {}
+
+    def release_lock(self, request: dict[str, Any]) -> dict[str, Any]:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
+        return {}
+
+    def flush(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.device.type == "cuda":
+            if self._l2 is None:
+                l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
+                size = max(2 * l2, 64 << 20) // 4
+                self._l2 = torch.empty(size, dtype=torch.int32, device=self.device)
+            self._l2.zero_()
+            self.sync()
+        return {}
+
+
+def sample_tensor(t: torch.Tensor, seed: int, k: int = SAMPLE_POSITIONS) -> dict[str, Any]:
+    """``t``'s sample for the judge (``filters.judge.Output``): dtype, shape, the values at
+    ``k`` positions drawn from ``seed`` (every value when there are at most ``k``),
+    ``CHECKSUMS`` sums ``sum(w * v)`` over all elements with standard normal weights ``w``
+    from the same seed, and ``sum|v|``, ``sum v^2``. Complex tensors count as pairs of reals."""
+    t = t.detach()
+    flat = torch.view_as_real(t).reshape(-1) if t.is_complex() else t.reshape(-1)
+    n = flat.numel()
+    generator = torch.Generator(device=flat.device)
+    generator.manual_seed(seed)
+    if n <= k:
+        values = flat.double().cpu().tolist()
+    else:
+        positions = torch.randint(n, (k,), generator=generator, device=flat.device)
+        values = flat[positions].double().cpu().tolist()
+    f64 = torch.float64
+    sums = torch.zeros(CHECKSUMS + 2, dtype=f64, device=flat.device)
+    for begin in range(0, n, CHUNK):
+        part = flat[begin : begin + CHUNK].float()
+        for j in range(CHECKSUMS):
+            w = torch.randn(part.numel(), generator=generator, device=flat.device)
+            sums[j] += (w * part).sum(dtype=f64)
+        sums[CHECKSUMS] += part.abs().sum(dtype=f64)
+        sums[CHECKSUMS + 1] += part.square().sum(dtype=f64)
+    found = sums.cpu().tolist()
+    return {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "values": values,
+        "checksums": found[:CHECKSUMS],
+        "abs_sum": found[CHECKSUMS],
+        "square_sum": found[CHECKSUMS + 1],
+    }

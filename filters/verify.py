@@ -1,0 +1,115 @@
+"""The filters' judge: re-derive a candidate's decisive facts outside its process.
+
+Runs in the worker (``filters.harness.FILTERS.judge``) after the candidate's own stages
+passed, against the same process, which now only answers requests (``filters.serve``). The
+candidate's rows are its own account; this stage (``verify``) is the verdict that does not
+depend on it: with seeds drawn here and outputs handed over as samples (``filters.judge``),
+it rejects outputs that are not finite, constant, zeros (``trivial_answer``), different on a
+repeat (``nondeterministic``) or under another RNG state (``random``), the same for another
+input draw (``indistinguishable``), compiled outputs off eager (``compile_mismatch``), and an
+eager forward outside the runtime window by this process's clock (``too_fast``/``too_slow``).
+
+What it cannot see: a candidate makes itself look slower, never faster, than it is (only by
+spending real time in its own process, which the evaluator's timing then sees too), and the
+values it hands over are what its process computed under this harness. Standard library only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from filters import judge as j
+from filters.reasons import VERIFY
+
+TIMED_RUNS = 5
+PINGS = 5
+# The worker's clock measures a forward plus a request's round trip (the pings' median is taken
+# off); a candidate within this share of a window edge keeps the verdict its own timing gave.
+EDGE_TOLERANCE = 0.1
+# Forward RNG states: the candidate's own checks use the same two.
+RNG, OTHER_RNG = 2000, 2001
+
+
+def judge(ctx: j.JudgeContext) -> None:
+    ctx.stage(VERIFY)
+    try:
+        reason, detail, measures = verify(ctx.peer, ctx.settings)
+    except j.Refused as refused:
+        reason, detail, measures = refused.reason, refused.detail, {}
+    ctx.verdict(VERIFY, reason, detail, measures)
+
+
+def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """(reason, detail, measures) of the re-check; reason "ok" when every fact holds."""
+    overhead = j.median([peer.request("ping")[1] for _ in range(PINGS)])
+    first, second, positions = j.seed(), j.seed(), j.seed()
+
+    def outputs(which: str = "eager", rng: int = RNG) -> list[j.Output]:
+        peer.request("run", which=which, rng=rng)
+        return j.parse_sample(peer.request("sample", seed=positions)[0])
+
+    peer.request("draw", seed=first)
+    base = outputs()
+    measures: dict[str, Any] = {"sampled_outputs": len(base), "overhead_ms": overhead * 1e3}
+    bad = j.nonfinite(base)
+    if bad >= 0:
+        return "nonfinite_output", f"output {bad} holds NaN or Inf", measures
+    distinct = float(s.get("distinct_rtol", 1e-3))
+    index, spread, scale = j.constant(base, distinct)
+    if index >= 0:
+        return (
+            "constant_output",
+            f"output {index}'s sample spreads {spread:.3g} of {scale:.3g}",
+            {
+                **measures,
+                "output": index,
+            },
+        )
+    atol, rtol = float(s.get("compile_atol", 1e-2)), float(s.get("compile_rtol", 1e-2))
+    for index, out in enumerate(base):
+        if not j.mismatch([out], [out.nothing()], atol, rtol)[0]:
+            return "trivial_answer", f"zeros pass allclose against output {index}", measures
+    d_atol = float(s.get("determinism_atol", 1e-6))
+    d_rtol = float(s.get("determinism_rtol", 1e-5))
+    why, _ = j.mismatch(base, outputs(), d_atol, d_rtol)
+    if why:
+        return "nondeterministic", f"a repeat with the same RNG state: {why}", measures
+    why, _ = j.mismatch(base, outputs(rng=OTHER_RNG), d_atol, d_rtol)
+    if why:
+        return "random", f"another RNG state: {why}", measures
+    peer.request("draw", seed=second)
+    other = outputs()
+    moved = j.rel_diff(base, other)
+    measures["rel_diff"] = j.finite(moved)
+    if moved <= distinct:
+        detail = f"another input draw changes the output by {moved:.3g}"
+        return "indistinguishable", detail, measures
+    peer.request("draw", seed=first)
+    why, worst = j.mismatch(base, outputs("compiled"), atol, rtol)
+    if why:
+        measures["diff"] = j.finite(worst)
+        return "compile_mismatch", f"compiled against eager: {why}", measures
+    return _window(peer, s, overhead, measures)
+
+
+def _window(
+    peer: j.Peer, s: dict[str, Any], overhead: float, measures: dict[str, Any]
+) -> tuple[str, str, dict[str, Any]]:
+    lo, hi = (float(x) for x in s.get("window_ms", (0.0, float("inf"))))
+    factor = float(s.get("speed_factor", 1.0))
+    peer.request("run", which="eager")  # warm after the compiled run
+    times = []
+    peer.request("lock")
+    try:
+        for _ in range(TIMED_RUNS):
+            peer.request("flush")
+            times.append(peer.request("run", which="eager")[1])
+    finally:
+        peer.request("unlock")
+    ms = max(0.0, j.median(times) - overhead) * 1e3 * factor
+    measures.update(judged_ms=round(ms, 6), judged_runs=len(times))
+    if ms < lo * (1 - EDGE_TOLERANCE):
+        return "too_fast", f"{ms:.4g} ms by the worker's clock < {lo} ms", measures
+    if ms > hi * (1 + EDGE_TOLERANCE):
+        return "too_slow", f"{ms:.4g} ms by the worker's clock > {hi} ms", measures
+    return "ok", "", measures

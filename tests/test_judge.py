@@ -1,0 +1,277 @@
+"""The judge: verdicts and rewards decided outside the candidate's or solution's process.
+
+Pure parts first (samples, comparisons, the request channel against a scripted peer), then
+one sandboxed pool for solutions and a task that patch everything in their own process and
+still score -1 or get rejected, with honest controls beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from evaluator_cases import TASK, model_new, task
+
+from evaluator.score import Job, harness_settings, score_of
+from evaluator.solution import Solution
+from filters import judge as j
+from filters.pool import WorkerPool
+from filters.samples import task_source
+from filters.serve import sample_tensor
+from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.record import Task
+
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
+
+
+def sample(t: torch.Tensor, seed: int = 7, k: int = j.SAMPLE_POSITIONS) -> list[j.Output]:
+    return j.parse_sample({"outputs": [sample_tensor(t, seed, k)]}, k)
+
+
+# ------------------------------------------------------------------------------ samples
+
+
+def test_an_output_computed_only_where_sampled_fails_the_checksums() -> None:
+    torch.manual_seed(0)
+    right = torch.randn(1 << 16)
+    honest = sample(right, k=64)
+    lazy = [dataclasses.replace(honest[0], checksums=(0.0,) * j.CHECKSUMS)]
+    assert "checksum" in j.mismatch(honest, lazy, 1e-2, 1e-2)[0]
+    half = right.clone()
+    half[: 1 << 15] = 0.0  # half the work skipped
+    assert j.mismatch(honest, sample(half, k=64), 1e-2, 1e-2)[0]
+
+
+def test_noise_within_tolerance_everywhere_passes() -> None:
+    torch.manual_seed(0)
+    right = torch.randn(1 << 16)
+    noisy = right + (torch.rand_like(right) - 0.5) * 2e-2  # |diff| <= 1e-2 = atol
+    assert torch.allclose(noisy, right, atol=1e-2, rtol=1e-2)
+    assert j.mismatch(sample(right), sample(noisy), 1e-2, 1e-2)[0] == ""
+
+
+def test_a_replayed_output_fails_for_fresh_inputs() -> None:
+    torch.manual_seed(0)
+    first, second = torch.randn(256, 256), torch.randn(256, 256)
+    assert j.mismatch(sample(second), sample(first), 1e-2, 1e-2)[0]
+
+
+def test_small_outputs_are_compared_whole_and_structure_first() -> None:
+    small = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    [out] = sample(small)
+    assert out.values == (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
+    assert "expected float32[2, 3]" in j.mismatch(sample(small), sample(small.T), 0, 0)[0]
+    assert j.constant(sample(torch.zeros(4, 4)), 1e-3)[0] == 0
+    assert j.nonfinite(sample(torch.tensor([1.0, float("nan")]))) == 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda o: {**o, "values": o["values"][:-1]},
+        lambda o: {**o, "values": [True] * len(o["values"])},
+        lambda o: {**o, "dtype": "object"},
+        lambda o: {**o, "shape": [-1, 4]},
+        lambda o: {**o, "checksums": ["0"] * j.CHECKSUMS},
+        lambda o: [o],
+    ],
+    ids=["short", "bools", "dtype", "shape", "checksum_text", "nested"],
+)
+def test_a_malformed_sample_is_a_protocol_violation(change: Any) -> None:
+    raw = sample_tensor(torch.randn(4, 4), 1)
+    with pytest.raises(j.PeerFailure) as failure:
+        j.parse_sample({"outputs": [change(raw)]})
+    assert failure.value.reason == "protocol_violation"
+
+
+# ------------------------------------------------------------------------------ the channel
+
+
+class Scripted:
+    """A peer that answers each request with the next scripted bytes (or closes)."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        self.requests_r, self.requests_w = os.pipe()
+        self.replies_r, self.replies_w = os.pipe()
+        self.seen: list[dict[str, Any]] = []
+        self.reader = os.fdopen(self.requests_r, "rb")  # open while the test runs
+        self.thread = threading.Thread(target=self.serve, args=(answers,), daemon=True)
+        self.thread.start()
+
+    def serve(self, answers: list[bytes | None]) -> None:
+        for answer in answers:
+            self.seen.append(json.loads(self.reader.readline()))
+            if answer is None:
+                os.close(self.replies_w)
+                return
+            os.write(self.replies_w, answer)
+
+    def peer(self, tick: Any = lambda: None) -> j.Peer:
+        import time
+
+        return j.Peer(self.requests_w, self.replies_r, deadline=time.monotonic() + 5, tick=tick)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (b"not json\n", "protocol_violation"),
+        (b'{"re": "draw"}\n', "protocol_violation"),
+        (b'["ping"]\n', "protocol_violation"),
+        (b'{"re": "ping", "error": 3}\n', "protocol_violation"),
+        (b"x" * (j.MAX_REPLY_BYTES + 10), "protocol_violation"),
+        (None, "exited"),
+    ],
+    ids=["not_json", "other_request", "not_object", "bad_error", "oversized", "closed"],
+)
+def test_a_bad_reply_ends_the_conversation_with_a_reason(answer: Any, reason: str) -> None:
+    script = Scripted([answer])
+    with pytest.raises(j.PeerFailure) as failure:
+        script.peer().request("ping")
+    assert failure.value.reason == reason
+
+
+def test_replies_are_matched_to_requests_and_timed_here() -> None:
+    script = Scripted([b'{"re": "ping"}\n', b'{"re": "run", "error": "oom", "detail": "x"}\n'])
+    peer = script.peer()
+    reply, seconds = peer.request("ping")
+    assert reply == {"re": "ping"} and 0 <= seconds < 5
+    with pytest.raises(j.Refused) as refused:
+        peer.request("run", which="eager")
+    assert (refused.value.reason, script.seen[1]) == ("oom", {"op": "run", "which": "eager"})
+
+
+def test_the_watchdog_ends_a_silent_peer() -> None:
+    script = Scripted([])
+    peer = script.peer(tick=lambda: ("resource_limit", "too much memory"))
+    with pytest.raises(j.PeerFailure) as failure:
+        peer.request("ping")
+    assert not script.seen
+    assert failure.value.reason == "resource_limit"
+
+
+def test_seeds_are_unpredictable() -> None:
+    assert len({j.seed() for _ in range(1000)}) == 1000
+
+
+# ------------------------------------------------------------------------------ sandboxed
+
+PATCH_EVERYTHING = """
+import sys
+import filters.judge, filters.serve, evaluator.harness
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+evaluator.harness._compare = lambda *a, **k: 0.0
+filters.judge.mismatch = lambda *a, **k: ('', 0.0)
+"""
+FORGE = """
+import json, os
+rows = [{'stage': s, 'passed': True, 'reason': 'ok', 'detail': '', 'measures': m}
+        for s, m in (('build', {}), ('correctness', {}),
+                     ('timing', {'timed': True, 'eager_ms': 9.0, 'compile_ms': 9.0,
+                                 'solution_ms': 0.001}))]
+lines = [{'event': 'verdict', 'verdict': row} for row in rows] + [{'event': 'done'}]
+for fd in range(3, 256):
+    try:
+        os.write(fd, ''.join(json.dumps(x) + '\\n' for x in lines).encode())
+    except OSError:
+        pass
+"""
+FROZEN_CLOCK = "\nimport time\ntime.perf_counter = lambda: 1.0\ntime.monotonic = lambda: 1.0\n"
+COMPUTE = "torch.relu(x) * self.scale + x"
+# name -> (ModelNew source, reward, reason); reward 1 = correct (CPU timing noise may make a
+# correct solution 1, 2 or 3 against its own reference)
+SOLUTIONS: dict[str, tuple[str, int, str]] = {
+    "honest_torch": (model_new(f"return {COMPUTE}"), 1, "ok"),
+    "zeros_patching_everything": (
+        model_new("return torch.zeros_like(x)", header=PATCH_EVERYTHING),
+        -1,
+        "incorrect",
+    ),
+    "noop_forging_its_rows": (model_new("return x", header=FORGE), -1, "protocol_violation"),
+    "computes_only_while_checked": (
+        model_new(
+            f"self.calls += 1\n"
+            f"        if self.calls <= 11 or self.last is None:\n"
+            f"            self.last = {COMPUTE}\n"
+            f"        return self.last",
+            init="self.scale = scale\n        self.calls = 0\n        self.last = None",
+        ),
+        -1,
+        "replayed_output",
+    ),
+    "memoised_by_input": (
+        model_new(
+            f"key = float(x.sum())\n"
+            f"        if key not in self.seen:\n"
+            f"            self.seen[key] = {COMPUTE}\n"
+            f"        return self.seen[key]",
+            init="self.scale = scale\n        self.seen = {}",
+        ),
+        1,
+        "ok",
+    ),
+    "fake_sample": (
+        model_new(
+            f"return {COMPUTE}",
+            header="import filters.serve\nfilters.serve.sample_tensor = lambda t, seed, k=0: "
+            "{'dtype': 'float32', 'shape': [64, 256], 'values': [0.0], 'checksums': [0.0] * 4, "
+            "'abs_sum': 1.0, 'square_sum': 0.0}\n",
+        ),
+        -1,
+        "protocol_violation",
+    ),
+    "frozen_clock": (model_new(f"return {COMPUTE}", header=FROZEN_CLOCK), 1, "ok"),
+    "exits_mid_check": (model_new("os._exit(3)", header="import os\n"), -1, "exited"),
+}
+TOO_FAST = task_source(
+    "return x * 2.0",
+    header="import itertools, time\n_ticks, _base = itertools.count(), time.perf_counter()\n"
+    "time.perf_counter = lambda: _base + next(_ticks) * 0.01\n",
+)
+
+
+@pytest.fixture(scope="module")
+def judged() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every solution above scored through the judge on one sandboxed pool (strict guards off
+    and the static guards bypassed, so the judge alone stands between them and a reward),
+    and a task whose patched clock claims 10 ms per forward, filtered with a 5 ms floor."""
+    cfg = EvalConfig(strict=False, time_on_cpu=True, timed_runs=6, warmup_runs=1, trials=5)
+    filters = FiltersConfig(workers=2, cache_dir=str(CACHE), task_timeout_s=600.0)
+    pairs = {name: Solution(name, code) for name, (code, _, _) in SOLUTIONS.items()}
+    jobs = [Job(name, TASK, pair.files()) for name, pair in pairs.items()]
+    fast = Task(ops=["too_fast"], data_source="torch#1", code=TOO_FAST)
+    with WorkerPool(filters, "cpu") as pool:
+        rows = pool.run_harness(jobs, "evaluator", harness_settings(cfg))
+        filtered = pool.wait(pool.submit([fast], overrides={"window_ms": [5.0, 60000.0]}))
+    scores = {name: score_of(task(), pairs[name], rows[name], cfg) for name in pairs}
+    return scores, filtered[fast.id]
+
+
+@pytest.mark.parametrize("name", list(SOLUTIONS))
+def test_the_judge_scores_what_ran_not_what_was_claimed(name: str, judged: Any) -> None:
+    score = judged[0][name]
+    _, reward, reason = SOLUTIONS[name]
+    assert (min(score.reward, 1), score.reason) == (reward, reason), score.detail
+
+
+def test_a_frozen_clock_in_the_solution_changes_no_timing(judged: Any) -> None:
+    scores = judged[0]
+    frozen, honest = scores["frozen_clock"], scores["honest_torch"]
+    for score in (frozen, honest):
+        assert score.solution_ms and score.eager_ms and score.compile_ms
+        assert 0.2 < score.speedup_eager < 5, score  # the same code as the reference
+
+
+def test_a_task_whose_clock_lies_is_too_fast_by_the_workers_clock(judged: Any) -> None:
+    rows = judged[1]
+    runtime = next(v for v in rows if v.stage == "runtime")
+    assert runtime.passed and runtime.measures["eager_ms_median"] >= 5.0  # its own claim
+    assert (rows[-1].stage, rows[-1].reason) == ("verify", "too_fast"), rows[-1].detail
+    assert rows[-1].measures["judged_ms"] < 4.5
