@@ -188,8 +188,8 @@ def _timing(
         if why:
             raise Failed("replayed_output", f"timed call {i}: {why}", call=i)
 
-    _warm(peer, "new", warmup)
-    solution = _cycles(peer, "new", calls, [], check)
+    _warm(peer, "new_timed", warmup)
+    solution = _cycles(peer, "new_timed", calls, [], check)
     return {
         "timed": True,
         "eager_ms": _ms(ref.eager, ref.overhead),

@@ -48,6 +48,9 @@ def serve_role(workdir: str, settings: dict[str, Any], emit: Any) -> Any:
     handlers = runner.handlers()
     if role == SOLUTION:
         forwards["new"] = lambda xs, rng: _flatten(session.run_new(xs), "ModelNew")
+        # timed calls: strict mode keeps the guard on (a fallback must not become possible
+        # when timed); lenient mode, which only counts, leaves its per-call cost out
+        forwards["new_timed"] = forwards["new"] if session.guard.strict else _unguarded(session)
         handlers["load"] = lambda request: _load_solution(session)
         handlers["guard"] = lambda request: _guard_counts(session)
     else:
@@ -57,6 +60,14 @@ def serve_role(workdir: str, settings: dict[str, Any], emit: Any) -> Any:
         handlers["load"] = lambda request: _load_reference(session)
         handlers["compile"] = lambda request: _compile(session, runner, compiled)
     return handlers, _reason
+
+
+def _unguarded(s: Session) -> Any:
+    def run(xs: list[Any], rng: int | None) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return _flatten(s.new(*xs), "ModelNew")
+
+    return run
 
 
 def _reason(exc: BaseException) -> str:

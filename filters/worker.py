@@ -673,6 +673,7 @@ class Worker:
                         from filters.serve import serve
 
                         serve(go_fd, emitter.emit, *served_by)
+                    served_by = None  # the candidate's tensors go before the audit looks
                 except BaseException:
                     emitter.emit({"event": "error", "detail": traceback.format_exc()[-1500:]})
                     raise

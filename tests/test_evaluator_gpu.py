@@ -43,7 +43,9 @@ def test_reference_scores_1_on_the_gpu() -> None:
     for task, score in zip(tasks, scores, strict=True):
         print(task.meta["name"], score.to_dict())
         assert score.correct and score.reward == 1, score
-        assert 0.95 < score.speedup_eager < 1.05
+        # the judge times the reference and the solution in two processes, by its own clock
+        # over whole request cycles: the same model reads a few percent apart across them
+        assert 0.9 < score.speedup_eager < 1.1
 
 
 def test_honest_fused_kernel_beats_eager() -> None:

@@ -229,6 +229,28 @@ SOLUTIONS: dict[str, tuple[str, int, str]] = {
     ),
     "frozen_clock": (model_new(f"return {COMPUTE}", header=FROZEN_CLOCK), 1, "ok"),
     "exits_mid_check": (model_new("os._exit(3)", header="import os\n"), -1, "exited"),
+    "looks_for_the_expected_output": (
+        model_new(
+            "for obj in gc.get_objects():\n"
+            "            if isinstance(obj, torch.Tensor) and obj.shape == x.shape:\n"
+            "                if obj is not x:\n"
+            "                    return obj\n"
+            "        for frame in inspect.stack():\n"
+            "            for value in frame.frame.f_locals.values():\n"
+            "                if isinstance(value, torch.Tensor) and value.shape == x.shape:\n"
+            "                    if value is not x:\n"
+            "                        return value\n"
+            "        return x",
+            header="import gc, inspect\n",
+        ),
+        -1,
+        "incorrect",
+    ),
+    "kills_the_judge": (
+        model_new("os.kill(os.getppid(), signal.SIGKILL)", header="import os, signal\n"),
+        -1,
+        "worker_lost",
+    ),
 }
 TOO_FAST = task_source(
     "return x * 2.0",
