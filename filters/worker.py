@@ -473,6 +473,9 @@ class Worker:
             if failure.reason == "protocol_violation":
                 self.violation = failure.detail
             return failure.reason, failure.detail
+        except Exception:  # a bug of the judge's, not the candidate's: this job fails alone
+            self.violation = "the judge failed"  # its process is not trusted with another job
+            return "filter_error", "the judge raised: " + traceback.format_exc()[-1500:]
         finally:
             for other in spawned:
                 other.close()

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -295,6 +298,22 @@ def test_bash_runs_in_the_workdir(box):
     limit = call(box, "bash", command="ulimit -Hf; ulimit -f unlimited")
     assert limit.output.startswith(f"{bash_sandbox.FILE_BYTES >> 10}\n")
     assert limit.error == "nonzero_exit", "the file size limit cannot be raised"
+
+
+def test_bash_imports_from_the_trainers_python_path(box, monkeypatch):
+    """A dependency found through the trainer's PYTHONPATH is importable in the shell, read-only;
+    the project root on it stays unbound."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="opsynth-deps-"))  # readable by the sandbox uid
+    tmp_path.chmod(0o755)
+    (tmp_path / "extra_dependency.py").write_text("ANSWER = 42\n")
+    (tmp_path / "extra_dependency.py").chmod(0o644)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), PACKAGE_ROOT]))
+    found = call(box, "bash", command="python -c 'import extra_dependency as e; print(e.ANSWER)'")
+    assert found.error == "" and found.output.strip() == "42", found.output
+    blocked = call(box, "bash", command=f"touch {tmp_path}/x")
+    assert blocked.error == "nonzero_exit" and "Read-only" in blocked.output
+    assert call(box, "bash", command=f"test ! -e {PACKAGE_ROOT}/pyproject.toml").error == ""
+    shutil.rmtree(tmp_path)
 
 
 def test_bash_truncates_big_output(box):

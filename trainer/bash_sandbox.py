@@ -70,7 +70,7 @@ def sandbox_env(workdir: Path, cuda_visible_devices: str | None = None) -> dict[
         USER="agent",
         LOGNAME="agent",
         TERM="dumb",
-        PYTHONPATH=sandbox.MOUNT_ROOT,
+        PYTHONPATH=os.pathsep.join([sandbox.MOUNT_ROOT, *host_python_path()]),
         PYTHONNOUSERSITE="1",
         PYTHONDONTWRITEBYTECODE="1",
         TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
@@ -83,6 +83,20 @@ def sandbox_env(workdir: Path, cuda_visible_devices: str | None = None) -> dict[
     return env
 
 
+def host_python_path() -> list[str]:
+    """The folders of the trainer's own PYTHONPATH (a host may keep the project's dependencies
+    there rather than in the interpreter's site-packages), read-only at the same paths in the
+    shell, so the commands it runs import what the trainer imports. The project's root is not
+    among them: its packages are bound on their own."""
+    project = os.path.realpath(sandbox.PACKAGE_ROOT)
+    found = {
+        os.path.realpath(entry)
+        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if entry and os.path.isdir(entry)
+    }
+    return sorted(found - {project})
+
+
 def sandbox_command(workdir: Workdir, command: list[str]) -> sandbox.Command:
     """bwrap with the filters' system binds, the project packages, the workdir read-write and
     its protected files read-only, entered as the unprivileged sandbox uid (when the trainer
@@ -93,6 +107,8 @@ def sandbox_command(workdir: Workdir, command: list[str]) -> sandbox.Command:
         _hand_over(root, identity)
     args = sandbox.system_options(tmp_bytes=TMP_BYTES, gpu=has_gpu(), identity=identity)
     args += sandbox.package_binds(PACKAGES)
+    for folder in host_python_path():
+        args += ["--ro-bind", folder, folder]
     args += ["--bind", root, root]
     for rel in sorted(workdir.protected):
         path = os.path.join(root, rel)
