@@ -8,7 +8,7 @@
    changed batch size) (target: < 60 s on 2 cores).
 
 Usage: ``python benchmarks/bench_decontam.py [--ops6k PATH] [--candidates N] [--workers N]``.
-Reference data is looked up as ``ast_dedup.refdata`` says (``$OPSYNTH_SHARED``, ``shared/``
+Reference data is looked up as ``opsynth.refdata`` says (``$OPSYNTH_SHARED``, ``shared/``
 in or beside the checkout). The machine's load average is printed: the figures are wall-clock
 times and scale with how much of the 2 cores other processes leave.
 """
@@ -36,10 +36,10 @@ from ast_dedup.decontam import decontaminate_tasks  # noqa: E402
 from ast_dedup.dedup import dedup  # noqa: E402
 from ast_dedup.index import KernelBenchIndex  # noqa: E402
 from ast_dedup.nearest import nearest_kernelbench  # noqa: E402
-from ast_dedup.refdata import KERNELBENCH, OPS6K, shared_file  # noqa: E402
 from ast_dedup.screen import screen  # noqa: E402
 from opsynth.config import DecontamConfig, DedupConfig  # noqa: E402
 from opsynth.record import Task  # noqa: E402
+from opsynth.refdata import KERNELBENCH, OPS6K, shared_file  # noqa: E402
 
 
 def load_ops6k(path: Path) -> list[Task]:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ast_dedup.refdata import OPS6K, shared_file  # noqa: E402
 from opsynth.config import SeedsConfig  # noqa: E402
+from opsynth.refdata import OPS6K, shared_file  # noqa: E402
 from synth.catalog.extract import extract  # noqa: E402
 from synth.catalog.report import write_catalogue  # noqa: E402
 

@@ -16,9 +16,8 @@ import ast
 from collections.abc import Iterator
 
 from opsynth.record import Task
+from opsynth.source import REQUIRED_SYMBOLS, dotted_name, import_aliases
 from opsynth.stage import KEEP, Decision, drop
-
-REQUIRED_SYMBOLS = ("Model", "get_inputs", "get_init_inputs")
 
 # Top-level modules a task may import. Everything an Ops-6K task needs is torch plus a few
 # pure helper modules; anything that touches the OS, processes or the network is absent.
@@ -209,21 +208,6 @@ def check_source(
     return KEEP
 
 
-def import_aliases(tree: ast.Module) -> dict[str, str]:
-    """Local name -> the dotted name it was imported as (``F`` -> ``torch.nn.functional``,
-    ``import torch.nn`` binds ``torch``), over every import in the module."""
-    aliases: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and not node.level:
-            for alias in node.names:
-                aliases[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}"
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                root = alias.name.split(".")[0]
-                aliases[alias.asname or root] = alias.name if alias.asname else root
-    return aliases
-
-
 def _import_problem(
     node: ast.Import | ast.ImportFrom, allowed: frozenset[str], permitted: frozenset[str]
 ) -> Decision | None:
@@ -313,20 +297,6 @@ def _forbidden_dotted(dotted: str) -> bool:
 
 def _under(name: str, prefixes: frozenset[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
-
-
-def dotted_name(node: ast.AST, aliases: dict[str, str]) -> str:
-    """``a.b.c`` with the root resolved through import aliases; "" if not a plain chain."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return ""
-    root = aliases.get(node.id)
-    if root is None:
-        return ""
-    return ".".join([root, *reversed(parts)])
 
 
 def _module_bindings(tree: ast.Module) -> set[str]:

@@ -8,11 +8,19 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from filters.pool import PoolError, isolation_problem
+from filters.pool import PoolError
+from flows.cli_common import (
+    UserError,
+    console,
+    fail,
+    print_funnel,
+    resolve_device,
+    start_prefect,
+    with_unsafe,
+)
 from flows.runners import RunnerError
-from opsynth.config import ConfigError, RunConfig, RunnerConfig, load_config
+from opsynth.config import ConfigError, RunConfig, load_config
 from opsynth.funnel import funnel_rows
 from opsynth.store import RunDir, RunDirError, read_verdicts, write_tasks
 
@@ -22,50 +30,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Regenerate and extend CUDA-Agent-Ops-6K.",
 )
-console = Console(stderr=True)
-DEVICES = ("auto", "cpu", "cuda")
-
-
-class UserError(Exception):
-    """Raised for problems the user can fix; printed as one line."""
-
-
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def _resolve_device(requested: str, runner: RunnerConfig | None = None) -> str:
-    """The device the filters run on. Asked of this host's torch, except ``cuda`` with a
-    cluster at an address: its workers have the GPUs, and this host runs no candidate."""
-    if requested not in DEVICES:
-        raise UserError(f"unknown device {requested!r}; use one of {', '.join(DEVICES)}")
-    if requested == "cuda" and runner is not None and runner.kind != "local" and runner.address:
-        return requested
-    import torch
-
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but no CUDA device is visible; use --device cpu or auto")
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
-
-
-def _print_funnel(manifest_funnel: list[dict], title: str) -> None:
-    table = Table(title=title)
-    for col in ("stage", "entered", "passed", "rejected"):
-        table.add_column(col, justify="left" if col == "stage" else "right")
-    table.add_column("top reasons")
-    for row in manifest_funnel:
-        reasons = sorted(row["reasons"].items(), key=lambda kv: -kv[1])[:3]
-        table.add_row(
-            row["stage"],
-            str(row["entered"]),
-            str(row["passed"]),
-            str(row["entered"] - row["passed"]),
-            ", ".join(f"{r} {n}" for r, n in reasons),
-        )
-    Console().print(table)
 
 
 RunnerOption = Annotated[
@@ -100,19 +64,19 @@ def run(
 ) -> None:
     """Regenerate a task set into OUT; re-running resumes and recomputes nothing finished."""
     try:
-        cfg = _with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
+        cfg = with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
         if target is not None:
             if target < 1:
                 raise UserError(f"--target must be at least 1, got {target}")
             cfg = cfg.with_overrides(target=target)
-        resolved = _resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
+        resolved = resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
         run_dir = RunDir.create(out)
         manifest = _run_flow(run_dir, cfg, resolved)
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     counts = manifest["counts"]
-    _print_funnel(manifest["funnel"], f"funnel ({resolved})")
+    print_funnel(manifest["funnel"], f"funnel ({resolved})")
     Console().print(
         f"accepted {counts['accepted']} / target {cfg.target} from {counts['candidates']} "
         f"candidates -> {out / 'accepted.parquet'}"
@@ -127,20 +91,6 @@ def run(
         raise typer.Exit(1)
 
 
-def _with_unsafe(cfg: RunConfig, unsafe: bool) -> RunConfig:
-    """The config with ``--unsafe`` applied; without it, a run that could only execute task
-    code unsandboxed is refused here, before anything is computed (an existing cluster's
-    workers may have a sandbox this host lacks: their pools decide)."""
-    if unsafe:
-        return cfg.with_section("filters", allow_unsafe=True)
-    if cfg.runner.kind != "local" and cfg.runner.address:
-        return cfg
-    why = isolation_problem(cfg.filters)
-    if why:
-        raise UserError(why)
-    return cfg
-
-
 def _with_runner(cfg: RunConfig, kind: str | None, address: str | None) -> RunConfig:
     """The config with ``--runner`` / ``--runner-address`` applied (validated as config)."""
     values = {k: v for k, v in (("kind", kind), ("address", address)) if v is not None}
@@ -150,15 +100,6 @@ def _with_runner(cfg: RunConfig, kind: str | None, address: str | None) -> RunCo
         return cfg.with_section("runner", **values)
     except ValueError as exc:
         raise UserError(f"--runner must be local, dask or ray, not {kind!r}") from exc
-
-
-def _start_prefect(run_dir: RunDir) -> None:
-    from flows.prefect_env import attach_log_file, configure_prefect
-
-    configure_prefect(run_dir.root.resolve() / ".prefect")
-    import prefect  # noqa: F401  (settings are read now, after configure_prefect)
-
-    attach_log_file(run_dir.root / "prefect.log")
 
 
 def _progress_bar():
@@ -190,7 +131,7 @@ def _progress_callback(bar):
 
 
 def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str) -> dict:
-    _start_prefect(run_dir)
+    start_prefect(run_dir)
     from flows.regenerate import regenerate
     from flows.runners import LocalOnly, task_runner
 
@@ -214,12 +155,12 @@ def audit(
 ) -> None:
     """Run the filters, decontamination and dedup over an existing task set."""
     try:
-        cfg = _with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
-        resolved = _resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
+        cfg = with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
+        resolved = resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
         run_dir = RunDir.create(out)
         tasks_file = run_dir.path("input.parquet")
         write_tasks(_load_input(input, sample, seed), tasks_file)
-        _start_prefect(run_dir)
+        start_prefect(run_dir)
         from flows.audit import audit as audit_flow
         from flows.runners import LocalOnly, task_runner
 
@@ -229,9 +170,9 @@ def audit(
             progress = LocalOnly(_progress_callback(bar))
             manifest = flow(str(run_dir.root), cfg, str(tasks_file), resolved, input, progress)
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
-    _print_funnel(manifest["funnel"], f"audit of {input} ({resolved})")
+    print_funnel(manifest["funnel"], f"audit of {input} ({resolved})")
     counts = manifest["counts"]
     Console().print(
         f"{manifest['input_rows']} rows, {counts['candidates']} unique: kept {counts['accepted']}"
@@ -263,9 +204,9 @@ def _pure_stage(input: str, out: Path, sample: int | None, seed: int, config, st
         write_tasks(result.dropped, run_dir.path("dropped.parquet"))
         write_verdicts(result.verdicts, run_dir.path("verdicts.parquet"))
     except (ConfigError, RunDirError, UserError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
-    _print_funnel(funnel_rows(result.verdicts), title)
+    print_funnel(funnel_rows(result.verdicts), title)
     Console().print(f"kept {len(result.kept)}, dropped {len(result.dropped)} -> {out}")
 
 
@@ -327,9 +268,9 @@ def status(out: Annotated[Path, typer.Argument(help="a run directory")]) -> None
                     verdicts += read_verdicts(path)
             rows = funnel_rows(verdicts)
     except RunDirError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
-    _print_funnel(rows, f"{out}: {manifest.get('status', 'unknown')}")
+    print_funnel(rows, f"{out}: {manifest.get('status', 'unknown')}")
     counts = manifest.get("counts")
     if counts:
         Console().print(", ".join(f"{k} {v}" for k, v in counts.items()))

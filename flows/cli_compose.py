@@ -35,19 +35,19 @@ def compose(
     base_url: Annotated[str | None, typer.Option("--base-url", help="compose.llm.base_url")] = None,
 ) -> None:
     """Compose N candidates into OUT and judge every reply; nothing is executed."""
-    from flows.cli import UserError, _fail, _print_funnel, _start_prefect
+    from flows.cli_common import UserError, fail, print_funnel, start_prefect
 
     try:
         if n < 1:
             raise UserError(f"--n must be at least 1, got {n}")
         cfg = with_composer(load_config(config), composer, model, base_url)
         run_dir = RunDir.create(out)
-        _start_prefect(run_dir)
+        start_prefect(run_dir)
         result, stats = _compose(run_dir, cfg, n, round_index)
     except (ConfigError, RunDirError, UserError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
-    _print_funnel(funnel_rows(result.verdicts), f"compose ({cfg.compose.composer})")
+    print_funnel(funnel_rows(result.verdicts), f"compose ({cfg.compose.composer})")
     Console().print(
         f"{stats['passed']} of {stats['candidates']} candidates passed -> "
         f"{out / 'candidates.parquet'}; tokens: {stats['prompt_tokens']} prompt, "
@@ -65,7 +65,7 @@ def with_composer(
     cfg: RunConfig, composer: str | None, model: str | None, base_url: str | None
 ) -> RunConfig:
     """The config with the command-line choices of composer and server applied."""
-    from flows.cli import UserError
+    from flows.cli_common import UserError
 
     data = cfg.model_dump(mode="json")
     llm = {"model": model, "base_url": base_url}

@@ -48,19 +48,19 @@ def evaluate(
     from evaluator.solution import SolutionError
     from evaluator.tasks import group_of, load_tasks, pair_up
     from filters.pool import PoolError
-    from flows.cli import UserError, _fail, _resolve_device, _with_unsafe
+    from flows.cli_common import UserError, fail, resolve_device, with_unsafe
 
     try:
-        cfg = _with_unsafe(load_config(config), unsafe)
+        cfg = with_unsafe(load_config(config), unsafe)
         if reference:
             cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"strict": False})})
-        resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
+        resolved = resolve_device(device if device != "auto" else cfg.filters.device)
         pairs, missing = pair_up(load_tasks(tasks, levels), solutions, reference)
         if not pairs:
             raise UserError(f"no task under --tasks {tasks} has a solution under --solutions")
         scores, verdicts = score_pairs(pairs, cfg.eval, cfg.filters, resolved, group_of)
     except (ConfigError, SolutionError, UserError, ValueError, PoolError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.jsonl", "w") as fh:

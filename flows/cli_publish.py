@@ -30,13 +30,13 @@ def publish(
     ] = None,
 ) -> None:
     """Push RUN to the Hub as one version: data configs, dataset card, config, manifest."""
-    from flows.cli import _fail
+    from flows.cli_common import fail
     from opsynth.publish import PublishError, publish_run
 
     try:
         done = publish_run(run, repo_id, version, private, dry_run)
     except PublishError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     export, pushed = done.export, done.pushed
     rows = ", ".join(f"{name} {n}" for name, n in export.rows.items())
@@ -65,7 +65,7 @@ def report(
 ) -> None:
     """Write RUN's audit report: report.html, report.md, tables/*.csv, plots/*.png; with
     --reference, also how the accepted tasks compare with that set (tables/fidelity.csv)."""
-    from flows.cli import _fail
+    from flows.cli_common import fail
     from flows.reference import ReferenceLoadError, fidelity_for
     from opsynth.report.render import write_report
     from opsynth.rundata import load_run
@@ -76,7 +76,7 @@ def report(
         fidelity = fidelity_for(data, reference) if reference is not None else None
         written = write_report(data, out or run / "report", fidelity)
     except (RunDirError, ReferenceLoadError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     Console().print(
         f"report in {written.seconds:.1f} s: {written.html}, {written.markdown} "

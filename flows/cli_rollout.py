@@ -60,7 +60,7 @@ def rollout(
     """Run agent episodes on every task and score them; re-running resumes."""
     from evaluator.solution import SolutionError
     from evaluator.tasks import load_tasks
-    from flows.cli import UserError, _fail, _resolve_device
+    from flows.cli_common import UserError, fail, resolve_device
     from opsynth.config import ConfigError, load_config
     from opsynth.publish.errors import PublishError
     from trainer.rollout import PoolScorer, publish_rollout, run_rollout
@@ -76,13 +76,13 @@ def rollout(
             raise UserError("--model is empty; give the model name the server serves")
         if push_to is not None:
             _check_push(push_to, version)
-        resolved = _resolve_device(device if device != "auto" else cfg.filters.device)
+        resolved = resolve_device(device if device != "auto" else cfg.filters.device)
         tasks = load_tasks(dataset, levels)[:limit]
         if not tasks:
             raise UserError(f"--dataset {dataset} holds no tasks")
         client = _client(url, trainer.request_timeout_s)
     except (ConfigError, SolutionError, UserError, PublishError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     err = Console(stderr=True)
 
@@ -102,7 +102,7 @@ def rollout(
         try:
             pushed = publish_rollout(out, push_to, version, cfg.publish)
         except PublishError as exc:
-            _fail(str(exc))
+            fail(str(exc))
             return
         state = "published" if pushed.changed else "already published with these files:"
         Console().print(f"{state} {pushed.tag}: {pushed.url}", highlight=False)
@@ -133,7 +133,7 @@ def rft(
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
 ) -> None:
     """Export the best rewarded trajectories as chat-format SFT data (messages + tools)."""
-    from flows.cli import UserError, _fail
+    from flows.cli_common import UserError, fail
     from opsynth.config import ConfigError, load_config
     from opsynth.store import RunDirError
     from trainer.rft import export_sft, stats_path
@@ -152,7 +152,7 @@ def rft(
             raise UserError(f"--rollouts {rollouts} holds no scored episodes")
         stats = export_sft(episodes, out, threshold, keep)
     except (ConfigError, UserError, RunDirError, OSError, ValueError) as exc:
-        _fail(str(exc).strip().splitlines()[0])
+        fail(str(exc).strip().splitlines()[0])
         return
     Console().print(
         f"kept {stats['selected']} of {stats['episodes']} trajectories "
@@ -171,7 +171,7 @@ _FIELDS.update(per_task="rft_per_task")
 
 def _positive(**given: int | None) -> dict[str, int]:
     """The options given, checked >= 1, keyed by their ``TrainerConfig`` field."""
-    from flows.cli import UserError
+    from flows.cli_common import UserError
 
     checked = {}
     for name, value in given.items():
@@ -184,7 +184,7 @@ def _positive(**given: int | None) -> dict[str, int]:
 
 
 def _base_url(given: str | None) -> str:
-    from flows.cli import UserError
+    from flows.cli_common import UserError
 
     url = (given or os.environ.get("OPENAI_BASE_URL", "")).strip()
     if not url:
@@ -195,7 +195,7 @@ def _base_url(given: str | None) -> str:
 
 
 def _check_push(repo_id: str, version: str) -> None:
-    from flows.cli import UserError
+    from flows.cli_common import UserError
     from opsynth.publish.hub import check_repo_id
 
     check_repo_id(repo_id)
@@ -208,7 +208,7 @@ def _client(url: str, timeout_s: float):
     one line now rather than an api_error on every episode."""
     import openai
 
-    from flows.cli import UserError
+    from flows.cli_common import UserError
 
     client = openai.OpenAI(
         base_url=url,

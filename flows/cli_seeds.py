@@ -22,14 +22,14 @@ seeds_app = typer.Typer(
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML config file")]
 
 
-def _fail(message: str) -> None:
-    from flows.cli import _fail as fail
+def fail(message: str) -> None:
+    from flows.cli_common import fail
 
     fail(message)
 
 
 def _reference(path: Path | None) -> Path | None:
-    from ast_dedup.refdata import OPS6K, shared_file
+    from opsynth.refdata import OPS6K, shared_file
 
     if path is not None and not path.is_file():
         raise ValueError(f"reference {path} does not exist; pass the released Ops-6K parquet")
@@ -80,7 +80,7 @@ def list_libraries(
                 raise ValueError(f"{catalogue} has no summary.json; run `opsynth seeds extract`")
             counts = json.loads(summary.read_text())
     except (ConfigError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     table = Table(title="seed libraries")
     for col in ("library", "origin", "adapter", "runnable", "rejected"):
@@ -115,7 +115,7 @@ def extract(
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {out} is a file, not a directory; pass a directory path")
     except (ConfigError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     result = write_catalogue(out, run_extract(names, cfg.seeds), ref)
     _print_summary(result["libraries"], f"seed catalogue -> {out}")
@@ -144,7 +144,7 @@ def coverage(
             ref,
         )
     except (ValueError, RunDirError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     (catalogue / "coverage.json").write_text(json.dumps(cov, indent=2))
     _print_coverage(cov)

@@ -35,7 +35,7 @@ DeviceOption = Annotated[
 
 
 def _settings(config: Path | None, section: str, model: str | None, **given: Any) -> dict:
-    from flows.cli import UserError
+    from flows.cli_common import UserError
     from trainer.train import load_train_config
 
     cfg = load_train_config(config)
@@ -50,20 +50,20 @@ def _settings(config: Path | None, section: str, model: str | None, **given: Any
 
 def _run(fn, **kwargs: Any) -> None:
     from filters.pool import PoolError
-    from flows.cli import UserError, _fail
+    from flows.cli_common import UserError, fail
     from opsynth.config import ConfigError
     from trainer.train import TrainError
 
     try:
         metrics = fn(**kwargs)
     except (ConfigError, TrainError, UserError, PoolError, OSError, ValueError) as exc:
-        _fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        fail(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         return
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in TRAIN_EXTRA:
             raise
         missing = exc.name
-        _fail(f"opsynth train needs the train extra ({missing} is missing): pip install '.[train]'")
+        fail(f"opsynth train needs the train extra ({missing} is missing): pip install '.[train]'")
         return
     typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "losses"}, default=str))
 
@@ -78,11 +78,11 @@ def sft(
     device: DeviceOption = None,
 ) -> None:
     """Supervised fine-tuning on RFT trajectories (loss on the assistant's turns)."""
-    from flows.cli import _resolve_device
+    from flows.cli_common import resolve_device
     from trainer.train import run_sft
 
     def go() -> dict:
-        resolved = _resolve_device(device) if device else None
+        resolved = resolve_device(device) if device else None
         settings = _settings(config, "sft", model, max_steps=max_steps, device=resolved)
         return run_sft(data, settings.pop("model"), out, **settings)
 
@@ -104,11 +104,11 @@ def grpo(
     ] = None,
 ) -> None:
     """Single-turn GRPO: one reply per task, rewarded by the evaluator (-1..3)."""
-    from flows.cli import _resolve_device
+    from flows.cli_common import resolve_device
     from trainer.train import run_grpo
 
     def go() -> dict:
-        resolved = _resolve_device(device) if device else None
+        resolved = resolve_device(device) if device else None
         settings = _settings(
             config, "grpo", model, max_steps=max_steps, device=resolved, levels=level
         )

@@ -14,8 +14,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from filters import reasons
-
 # CUDA Agent, Table 3: the released Ops-6K composition.
 OPS6K_MIX: dict[str, float] = {
     "torch#1": 0.0340,
@@ -365,6 +363,12 @@ class ComposeConfig(_Section):
         return self
 
 
+# Filter reasons a task can get only because other workers' candidates shared its device (its
+# memory, its CUDA contexts, its time slices): the ones ``filters.retry_alone`` may name. Codes
+# of ``filters/reasons.py`` (a test keeps the two in step).
+NEIGHBOUR_REASONS = ("oom", "resource_limit", "timeout", "cuda_error", "worker_lost")
+
+
 class FiltersConfig(_Section):
     task_modules: list[str] = Field(
         default=["einops"],
@@ -566,9 +570,12 @@ class FiltersConfig(_Section):
             lo, hi = getattr(self, name)
             if not 0 <= lo < hi:
                 raise ValueError(f"{name} must be [lo, hi] with 0 <= lo < hi, got [{lo}, {hi}]")
-        unknown = [r for r in self.retry_alone if r not in reasons.ALL or r == reasons.OK]
+        unknown = [r for r in self.retry_alone if r not in NEIGHBOUR_REASONS]
         if unknown:
-            raise ValueError(f"retry_alone: unknown failure reason(s) {unknown}")
+            raise ValueError(
+                f"retry_alone: {unknown} cannot come from sharing the device; "
+                f"choose from {list(NEIGHBOUR_REASONS)}"
+            )
         return self
 
 
@@ -633,8 +640,9 @@ class EvalConfig(_Section):
     input_sets: int = Field(
         default=4,
         ge=2,
-        description="distinct input sets cycled through timed calls, prepared before timing, "
-        "so a solution that replays its last output is caught",
+        description="the agent's in-process feedback (trainer.commands profile) cycles its "
+        "timed calls through this many prepared input sets; the judged scorer draws a fresh "
+        "input for every timed call",
     )
     margin: float = Field(
         default=0.05, ge=0, description="'faster' means more than this fraction faster"

@@ -15,10 +15,10 @@ from ast_dedup.decontam import KERNELBENCH_SIMILAR, Decontaminator, decontaminat
 from ast_dedup.index import KernelBenchIndex, KernelBenchIndexError
 from ast_dedup.nearest import Scorer, nearest_kernelbench
 from ast_dedup.opseq import name_tokens, op_token
-from ast_dedup.refdata import KERNELBENCH, OPS6K, shared_file
 from ast_dedup.source import parse_task_code
 from opsynth.config import DecontamConfig
 from opsynth.record import Task
+from opsynth.refdata import KERNELBENCH, OPS6K, shared_file
 from opsynth.stage import apply_filters
 
 UNRELATED = textwrap.dedent(

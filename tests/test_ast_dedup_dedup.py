@@ -25,10 +25,10 @@ from ast_dedup.dedup import (
 )
 from ast_dedup.normalize import normal_form
 from ast_dedup.parallel import map_chunks
-from ast_dedup.refdata import OPS6K, shared_file
 from ast_dedup.screen import screen
 from opsynth.config import DecontamConfig, DedupConfig
 from opsynth.record import Task
+from opsynth.refdata import OPS6K, shared_file
 
 BASE = textwrap.dedent(
     '''

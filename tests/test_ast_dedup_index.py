@@ -16,7 +16,7 @@ from ast_dedup.index import (
     main,
     read_jsonl,
 )
-from ast_dedup.refdata import KERNELBENCH, shared_file
+from opsynth.refdata import KERNELBENCH, shared_file
 
 
 @pytest.fixture(scope="module")

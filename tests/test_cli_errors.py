@@ -93,13 +93,13 @@ def test_cuda_on_a_cluster_at_an_address_needs_no_gpu_here() -> None:
     """A cluster at an address has the GPUs, and sizing and filtering run there, so the
     orchestrator needs none; the local pool or a local cluster runs here, and does."""
     torch = pytest.importorskip("torch")
-    from flows.cli import UserError, _resolve_device
+    from flows.cli_common import UserError, resolve_device
     from opsynth.config import RunnerConfig
 
     remote = RunnerConfig(kind="dask", address="tcp://scheduler:8786")
-    assert _resolve_device("cuda", remote) == "cuda"
-    assert _resolve_device("cpu", remote) == "cpu"
+    assert resolve_device("cuda", remote) == "cuda"
+    assert resolve_device("cpu", remote) == "cpu"
     if not torch.cuda.is_available():
         for runner in (None, RunnerConfig(), RunnerConfig(kind="dask")):
             with pytest.raises(UserError, match="no CUDA device"):
-                _resolve_device("cuda", runner)
+                resolve_device("cuda", runner)

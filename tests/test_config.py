@@ -42,3 +42,14 @@ def test_bad_config_is_one_line_error(tmp_path, text, expected):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_neighbour_reasons_are_filter_codes_and_checked() -> None:
+    """retry_alone names codes a shared device can cause; they are the filters' codes, and any
+    other is refused with the list to choose from."""
+    from filters import reasons
+    from opsynth.config import NEIGHBOUR_REASONS, FiltersConfig
+
+    assert set(NEIGHBOUR_REASONS) <= set(reasons.INFRA) | set(reasons.ALL)
+    with pytest.raises(ValueError, match="choose from"):
+        FiltersConfig(retry_alone=["too_fast"])

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ast_dedup.refdata import KERNELBENCH, shared_file
 from evaluator.score import score_pairs
 from evaluator.solution import load_solution
 from evaluator.tasks import reference_solution
 from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.refdata import KERNELBENCH, shared_file
 from opsynth.tasksets import load_kernelbench
 
 pytestmark = [

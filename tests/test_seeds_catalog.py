@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ast_dedup.refdata import OPS6K, shared_file
+from opsynth.refdata import OPS6K, shared_file
 from opsynth.store import read_tasks, read_verdicts
 from synth.catalog.reasons import REASONS
 

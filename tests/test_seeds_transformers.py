@@ -12,8 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from ast_dedup.refdata import OPS6K, shared_file
 from opsynth.config import TRANSFORMERS_FAMILIES, SeedsConfig
+from opsynth.refdata import OPS6K, shared_file
 from synth.catalog import inline
 from synth.catalog import transformers_library as tl
 from synth.catalog.coverage import reference_names

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ast_dedup.refdata import KERNELBENCH, shared_file
 from filters.calibrate import speed_factor
+from opsynth.refdata import KERNELBENCH, shared_file
 from opsynth.tasksets import load_kernelbench, load_kernelbench_timings
 
 TIMING = Path("timing") / "H100_Modal" / "baseline_time_torch.json"

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ast_dedup.refdata import OPS6K, shared_file
 from opsynth.profile import (
     SHIPPED,
     Profile,
@@ -22,6 +21,7 @@ from opsynth.profile import (
     read_rows,
     task_structure,
 )
+from opsynth.refdata import OPS6K, shared_file
 from opsynth.taxonomy import CATEGORIES, OTHER, category, normal_key, task_categories
 
 EXPECTED = {

@@ -18,9 +18,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ast_dedup.refdata import OPS6K, shared_file
 from opsynth.config import SeedsConfig
 from opsynth.record import Verdict
+from opsynth.refdata import OPS6K, shared_file
 from opsynth.store import digest, write_tasks, write_verdicts
 from synth.catalog.coverage import coverage
 from synth.catalog.extract import Extraction, extract

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from filters.static_check import REQUIRED_SYMBOLS, dotted_name, import_aliases
+from opsynth.source import REQUIRED_SYMBOLS, dotted_name, import_aliases
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _OPS_LINE = re.compile(
