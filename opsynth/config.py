@@ -305,8 +305,8 @@ class ComposeConfig(_Section):
     cpu_ms_per_melem: float = Field(
         default=0.3,
         gt=0,
-        description="cost model: ms per million elements of a cheap elementwise op (measured "
-        "0.2-0.5 on an idle 2-core CPU for tensors under max_tensor_melems)",
+        description="cost model: ms per million elements of a cheap elementwise op, for "
+        "tensors under max_tensor_melems (measured: benchmarks/RESULTS.md)",
     )
     max_tensor_melems: float = Field(
         default=8.0,
@@ -324,8 +324,8 @@ class ComposeConfig(_Section):
     cpu_ms_per_gmac: float = Field(
         default=6.0,
         gt=0,
-        description="cost model: ms per 1e9 multiply-adds of nn.Linear (measured 4-7 on an idle "
-        "2-core CPU, fp32), for every matmul and convolution the chain calls",
+        description="cost model: ms per 1e9 multiply-adds of nn.Linear, fp32 (measured: "
+        "benchmarks/RESULTS.md), for every matmul and convolution the chain calls",
     )
     distinct_rtol: float = Field(
         default=1e-3,
@@ -392,23 +392,23 @@ class FiltersConfig(_Section):
         ge=1,
         description="on CUDA, candidates one sandboxed process may run in turn, each after the "
         "last passed the state audit (filters.state_audit): a host creates CUDA contexts one at "
-        "a time, about 2.5/s under load, and each process needs one (one H200, 16 workers: "
-        "118/min at 1, 152/min at 8). 1 = a fresh process per candidate, so no candidate's "
-        "verdict can depend on another's, at the cost of that rate",
+        "a time and each process needs one (rates at 1 and 8: benchmarks/RESULTS.md). 1 = a "
+        "fresh process per candidate, so no candidate's verdict can depend on another's, at "
+        "the cost of that rate",
     )
     candidates_per_process_cpu: int = Field(
         default=1,
         ge=1,
         description="the same on CPU, where a process costs a fork of a warm worker but the "
-        "audit's baseline costs one small torch.compile (6 s warm, 20 s cold on 2 cores)",
+        "audit's baseline costs one small torch.compile (timed in benchmarks/RESULTS.md)",
     )
     prepare_audit_ahead: bool = Field(
         default=False,
         description="with prestart_child and candidates_per_process above 1, a prestarted "
         "process compiles the state audit's tiny model on a thread while it waits for its job, "
         "so its first candidate does not wait for it (pool.stats audit_prepare_s, "
-        "audit_prepared_ahead). Off by default: on a two-H200 host it shortened candidates' "
-        "waits for the baseline but not the filters' span (ARCHITECTURE.md)",
+        "audit_prepared_ahead). Off by default: it shortened candidates' waits for the "
+        "baseline but not the filters' span (benchmarks/RESULTS.md)",
     )
     judge: bool = Field(
         default=True,
@@ -549,9 +549,8 @@ class FiltersConfig(_Section):
         default=16,
         ge=1,
         description="workers = 0 caps workers per GPU here; timing is serialised per GPU (the GPU "
-        "lock) and torch.compile is CPU-bound, so workers mostly add compile parallelism. On an "
-        "H200 with 16 cores, 16 workers filtered 107 candidates/min with 2.4 % timing noise, "
-        "20 workers 104/min",
+        "lock) and torch.compile is CPU-bound, so workers mostly add compile parallelism "
+        "(16 against 20 on one H200: benchmarks/RESULTS.md)",
     )
 
     def window_ms(self, device: str) -> tuple[float, float]:
@@ -618,9 +617,9 @@ class SizingConfig(_Section):
         ge=0,
         description="cap on a sized task's device-memory peak as its probe measured it (GPU "
         "only): it never grows past the cap, and one over it shrinks. Uncapped, tasks sized to "
-        "fill the window on an H200 held up to tens of GB: 16 filter workers on one GPU ran "
-        "out of memory, and such tasks need a GPU as large to train or evaluate on. 8 GiB: "
-        "16 side by side fit a 141 GB H200, one fits any 16 GB GPU; 0 = no cap",
+        "fill the window on a large GPU can hold tens of GB, more than 16 filter workers can "
+        "share and more than a smaller GPU can train or evaluate on. 8 GiB: 16 side by side "
+        "fit a 141 GB GPU, one fits any 16 GB GPU; 0 = no cap",
     )
 
 
