@@ -44,6 +44,7 @@ FUNCTIONAL = {id(obj) for obj in vars(torch.nn.functional).values() if callable(
 Emit = Callable[[dict[str, Any]], None]
 
 TASK_FILE = "candidate.py"
+TASK_MODULE = "opsynth_task"
 SOLUTION_FILE = "model_new.py"
 KERNELS_DIR = "kernels"
 EXTENSION_NAME = "solution_ext"
@@ -147,8 +148,8 @@ class Session:
         raw = draw_inputs(self.task.get_inputs, self.device, seed)
         return [x.to(self.device) if torch.is_tensor(x) else x for x in raw]
 
-    def run_new(self, inputs: list[Any]) -> Any:
-        with torch.no_grad(), self.guard:
+    def run_new(self, inputs: list[Any], guarded: bool = True) -> Any:
+        with torch.no_grad(), self.guard if guarded else contextlib.nullcontext():
             return self.new(*inputs)
 
     def run_ref(self, inputs: list[Any]) -> Any:
@@ -208,8 +209,7 @@ def stage_build(s: Session) -> dict[str, Any]:
             raise Rejected("build_error", _describe(exc)) from exc
         sys.modules[EXTENSION_NAME] = module
     built_s = perf_counter() - start
-    task_file = str(s.s.get("task_file", TASK_FILE))  # the trainer's workdir names it model.py
-    s.task = load_module(os.path.join(s.workdir, task_file), "opsynth_task")
+    load_task(s)
     try:
         s.solution = load_module(os.path.join(s.workdir, SOLUTION_FILE), "model_new")
     except BaseException as exc:
@@ -219,12 +219,23 @@ def stage_build(s: Session) -> dict[str, Any]:
     return {"sources": len(sources), "build_s": round(built_s, 3)}
 
 
-def build_models(s: Session) -> None:
-    """``Model`` and ``ModelNew`` from the task's init inputs, both seeded alike, the
-    solution given the reference's weights."""
+def load_task(s: Session) -> None:
+    task_file = str(s.s.get("task_file", TASK_FILE))  # the trainer's workdir names it model.py
+    s.task = load_module(os.path.join(s.workdir, task_file), TASK_MODULE)
+
+
+def build_reference(s: Session) -> list[Any]:
+    """``Model`` from the task's init inputs, seeded; the init inputs."""
     init = s.task.get_init_inputs()
     torch.manual_seed(0)
     s.model = s.task.Model(*init).to(s.device).eval()
+    return init
+
+
+def build_models(s: Session) -> None:
+    """``Model`` and ``ModelNew`` from the task's init inputs, both seeded alike, the
+    solution given the reference's weights."""
+    init = build_reference(s)
     torch.manual_seed(0)
     try:
         s.new = s.solution.ModelNew(*init).to(s.device).eval()

@@ -26,6 +26,7 @@ Standard library only (``filters.judge``): this runs in the worker.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from filters import judge as j
@@ -101,7 +102,7 @@ def _reference(
         return ref
     _warm(peer, "eager", warmup)
     ref.eager = _cycles(peer, "eager", calls, ref.calls)
-    ref.overhead = j.median([overhead for _, overhead in ref.eager])
+    ref.overhead = statistics.median([overhead for _, overhead in ref.eager])
     peer.request("draw", seed=calls[0][0])
     ref.compile_s = float(peer.request("compile")[0].get("compile_s", 0.0))
     _warm(peer, "compiled", warmup)
@@ -206,7 +207,7 @@ def _ms(cycles: list[tuple[float, float]], overhead: float) -> float:
     """Median ms of the calls: each cycle less its own overhead, capped at ``overhead`` (the
     reference's median), so no work moved out of the forward goes uncounted."""
     times = [cycle - min(own, overhead) for cycle, own in cycles]
-    return round(max(j.median(times), 1e-6) * 1e3, 6)
+    return round(max(statistics.median(times), 1e-6) * 1e3, 6)
 
 
 def _count(value: Any) -> int:

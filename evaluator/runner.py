@@ -26,13 +26,14 @@ from evaluator.harness import (
     _flatten,
     _gpu,
     build_models,
+    build_reference,
+    load_task,
     stage_build,
 )
-from filters.checks import compile_locked, load_module
+from filters.checks import compile_locked
 from filters.serve import Refusal, Runner
 
 REFERENCE, SOLUTION = "reference", "solution"
-TASK_MODULE = "opsynth_task"
 
 
 def serve_role(workdir: str, settings: dict[str, Any], emit: Any) -> Any:
@@ -50,7 +51,8 @@ def serve_role(workdir: str, settings: dict[str, Any], emit: Any) -> Any:
         forwards["new"] = lambda xs, rng: _flatten(session.run_new(xs), "ModelNew")
         # timed calls: strict mode keeps the guard on (a fallback must not become possible
         # when timed); lenient mode, which only counts, leaves its per-call cost out
-        forwards["new_timed"] = forwards["new"] if session.guard.strict else _unguarded(session)
+        strict = session.guard.strict
+        forwards["new_timed"] = lambda xs, rng: _flatten(session.run_new(xs, strict), "ModelNew")
         handlers["load"] = lambda request: _load_solution(session)
         handlers["guard"] = lambda request: _guard_counts(session)
     else:
@@ -62,28 +64,13 @@ def serve_role(workdir: str, settings: dict[str, Any], emit: Any) -> Any:
     return handlers, _reason
 
 
-def _unguarded(s: Session) -> Any:
-    def run(xs: list[Any], rng: int | None) -> list[torch.Tensor]:
-        with torch.no_grad():
-            return _flatten(s.new(*xs), "ModelNew")
-
-    return run
-
-
 def _reason(exc: BaseException) -> str:
     return exc.reason if isinstance(exc, Rejected) else _classify(exc, "correctness")
 
 
-def _refused(exc: Rejected) -> Refusal:
-    return Refusal(exc.reason, exc.detail)
-
-
 def _load_reference(s: Session) -> dict[str, Any]:
-    task_file = str(s.s.get("task_file", "candidate.py"))
-    s.task = load_module(f"{s.workdir}/{task_file}", TASK_MODULE)
-    init = s.task.get_init_inputs()
-    torch.manual_seed(0)
-    s.model = s.task.Model(*init).to(s.device).eval()
+    load_task(s)
+    build_reference(s)
     return {}
 
 
@@ -92,7 +79,7 @@ def _load_solution(s: Session) -> dict[str, Any]:
         measures = stage_build(s)
         build_models(s)
     except Rejected as exc:
-        raise _refused(exc) from None
+        raise Refusal(exc.reason, exc.detail) from None
     return measures
 
 

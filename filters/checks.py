@@ -32,6 +32,7 @@ import torch
 from filters.gpulock import exclusive_s, gpu_section, held, waited_s
 from filters.harness import CODE_FILE, stages_of
 from filters.reasons import STAGES, VERIFY
+from filters.serve import Runner, flush_l2
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -135,27 +136,12 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
 
 def served(c: Candidate) -> tuple[dict[str, Any], Callable[[BaseException], str]]:
     """The requests the judge's ``verify`` makes of this candidate (``filters.serve``)."""
-    from filters.serve import Runner
-
-    def inputs(seed: int) -> list[Any]:
-        _seed(seed)
-        with c.gpu_shared():
-            raw = draw_inputs(c.module.get_inputs, c.device, seed)
-        return [_to_device(x, c.device) for x in raw]
 
     def forward(fn: Any) -> Any:
-        def run(xs: list[Any], rng: int | None) -> list[torch.Tensor]:
-            if rng is not None:
-                return c.forward(xs, rng, fn=fn)
-            with c.gpu_shared(), torch.no_grad():  # timed: no seeding inside the clock
-                out = (c.model if fn is None else fn)(*xs)
-                c.sync()
-            return flatten_output(out)
-
-        return run
+        return lambda xs, rng: c.forward(xs, rng, fn=fn)  # timed runs: no seeding (rng None)
 
     forwards = {"eager": forward(None), "compiled": forward(c.compiled)}
-    runner = Runner(c.device, inputs, forwards, c.gpu_lock if c.lock_dir else None)
+    runner = Runner(c.device, c.draw_from, forwards, c.gpu_lock if c.lock_dir else None)
     return runner.handlers(), lambda exc: classify(exc, "forward_error")
 
 
@@ -221,18 +207,24 @@ class Candidate:
 
     def draw(self, index: int) -> list[Any]:
         """The ``index``-th independent input draw, on the device (see ``draw_inputs``)."""
-        _seed(SEED_INPUTS + index)
+        return self.draw_from(SEED_INPUTS + index)
+
+    def draw_from(self, seed: int) -> list[Any]:
+        """The input draw of RNG seed ``seed``, on the device."""
+        _seed(seed)
         with self.gpu_shared():
-            raw = draw_inputs(self.module.get_inputs, self.device, SEED_INPUTS + index)
+            raw = draw_inputs(self.module.get_inputs, self.device, seed)
         if not isinstance(raw, list | tuple):
             raise Fail("init_error", f"get_inputs() returned {type(raw).__name__}, not a list")
         return [_to_device(x, self.device) for x in raw]
 
     def forward(
-        self, inputs: list[Any], seed: int = SEED_RUN, fn: Any = None
+        self, inputs: list[Any], seed: int | None = SEED_RUN, fn: Any = None
     ) -> list[torch.Tensor]:
-        """One forward pass under a fixed RNG state; returns the flattened output tensors."""
-        _seed(seed)
+        """One forward pass under a fixed RNG state (none with ``seed`` None: a timed run,
+        whose clock seeding would inflate); returns the flattened output tensors."""
+        if seed is not None:
+            _seed(seed)
         with self.gpu_shared(), torch.no_grad():
             out = (self.model if fn is None else fn)(*inputs)
             self.sync()
@@ -240,11 +232,7 @@ class Candidate:
 
     def flush_l2(self) -> None:
         """Evict the GPU's L2 so each timed run starts cold, as an evaluator's would."""
-        if self._l2_buffer is None:
-            l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
-            size = max(2 * l2, 64 << 20)
-            self._l2_buffer = torch.empty(size // 4, dtype=torch.int32, device=self.device)
-        self._l2_buffer.zero_()
+        self._l2_buffer = flush_l2(self._l2_buffer, self.device)
 
     @property
     def lock_dir(self) -> str:

@@ -298,12 +298,6 @@ def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return (ordered[n // 2] + ordered[(n - 1) // 2]) / 2
-
-
 def seed() -> int:
     """A seed the child cannot predict: from the kernel's random source, 62 bits."""
     return int.from_bytes(os.urandom(8), "little") >> 2

@@ -141,13 +141,19 @@ class Runner:
 
     def flush(self, request: dict[str, Any]) -> dict[str, Any]:
         if self.device.type == "cuda":
-            if self._l2 is None:
-                l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
-                size = max(2 * l2, 64 << 20) // 4
-                self._l2 = torch.empty(size, dtype=torch.int32, device=self.device)
-            self._l2.zero_()
+            self._l2 = flush_l2(self._l2, self.device)
             self.sync()
         return {}
+
+
+def flush_l2(buffer: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """Zero a buffer twice the GPU's L2 (at least 64 MB), made on first use and returned for
+    the next call, so the next timed run starts with a cold cache."""
+    if buffer is None:
+        l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
+        buffer = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
+    buffer.zero_()
+    return buffer
 
 
 def sample_tensor(t: torch.Tensor, seed: int, k: int = SAMPLE_POSITIONS) -> dict[str, Any]:

@@ -16,6 +16,7 @@ values it hands over are what its process computed under this harness. Standard 
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from filters import judge as j
@@ -41,7 +42,7 @@ def judge(ctx: j.JudgeContext) -> None:
 
 def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     """(reason, detail, measures) of the re-check; reason "ok" when every fact holds."""
-    overhead = j.median([peer.request("ping")[1] for _ in range(PINGS)])
+    overhead = statistics.median([peer.request("ping")[1] for _ in range(PINGS)])
     first, second, positions = j.seed(), j.seed(), j.seed()
 
     def outputs(which: str = "eager", rng: int = RNG) -> list[j.Output]:
@@ -106,7 +107,7 @@ def _window(
             times.append(peer.request("run", which="eager")[1])
     finally:
         peer.request("unlock")
-    ms = max(0.0, j.median(times) - overhead) * 1e3 * factor
+    ms = max(0.0, statistics.median(times) - overhead) * 1e3 * factor
     measures.update(judged_ms=round(ms, 6), judged_runs=len(times))
     if ms < lo * (1 - EDGE_TOLERANCE):
         return "too_fast", f"{ms:.4g} ms by the worker's clock < {lo} ms", measures
