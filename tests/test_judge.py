@@ -288,7 +288,9 @@ def test_a_frozen_clock_in_the_solution_changes_no_timing(judged: Any) -> None:
     frozen, honest = scores["frozen_clock"], scores["honest_torch"]
     for score in (frozen, honest):
         assert score.solution_ms and score.eager_ms and score.compile_ms
-        assert 0.2 < score.speedup_eager < 5, score  # the same code as the reference
+        # the same code as the reference: a frozen clock cannot make it look faster. (No lower
+        # bound: a forward of microseconds on a busy 2-core host is mostly timing noise.)
+        assert score.speedup_eager < 5, score
 
 
 def test_a_task_whose_clock_lies_is_too_fast_by_the_workers_clock(judged: Any) -> None:
