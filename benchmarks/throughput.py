@@ -14,8 +14,9 @@ through the naive harness: one fresh process per candidate, sequentially, the sa
 empty compile cache each time; its rate is extrapolated from the subset, drawn and weighted by
 the pool's final reasons (see ``naive_subset``). Timing noise: the eager median of ``--noise``
 tasks measured while the pool's other workers compiled, against the same tasks measured alone
-(one worker, twice: the second pair is the noise floor). The pool's compile cache starts empty
-too (``--warm-cache`` uses the shared one), so both sides compile cold. Prints a markdown table
+(one worker, twice: the second pair is the noise floor). The pool builds its trusted
+compile-cache layer at start (``--warm-cache`` reuses the host's); every candidate's own caches
+are private, so both sides compile cold. Prints a markdown table
 and writes ``throughput.json``, the verdicts and the sized candidate set
 (``candidates.parquet``, which ``benchmarks/multi_gpu.py`` takes) to ``--out``; ``--size-only``
 writes that set and stops.
@@ -368,7 +369,9 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "host_cores": host_cores(),
         "workers": pool["stats"].get("workers"),
         "sandbox": pool["stats"].get("sandbox"),
-        "compile_cache": "warm (shared)" if args.warm_cache else "cold (empty at start)",
+        "compile_cache": "trusted layer reused"
+        if args.warm_cache
+        else "trusted layer built at start",
         "prestart_child": cfg.prestart_child,
         "batch_timers": cfg.batch_timers,
         "candidates_per_process": cfg.candidates_per_process(device),
@@ -603,7 +606,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--naive", type=int, default=20, help="candidates run the naive way")
     parser.add_argument("--naive-budget-s", type=float, default=120.0, help="naive stops after")
     parser.add_argument("--noise", type=int, default=16, help="tasks of the noise measurement")
-    parser.add_argument("--warm-cache", action="store_true", help="reuse the shared compile cache")
+    parser.add_argument(
+        "--warm-cache", action="store_true", help="reuse the host's trusted compile-cache layer"
+    )
     parser.add_argument(
         "--max-device-gib",
         type=float,

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from filters import compile_cache, privilege, protocol, reasons, retry, sandbox
 from filters import harness as harnesses
-from filters import privilege, protocol, reasons, retry, sandbox
 from opsynth.config import FiltersConfig
 from opsynth.record import Task, Verdict
 
@@ -60,6 +60,8 @@ RETIRE_S = 10.0
 MEASURE_STAGES = ("eager", "runtime")
 # A sizing probe's check settings: eager and the timed runs only, no window.
 MEASURE_OVERRIDES: dict[str, Any] = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
+# The trusted compile-cache warm-up: a cold precompiled header plus a few compiles.
+WARMUP_TIMEOUT_S = 300.0
 # Host-wide (per user) dir of per-GPU timing locks, shared by every pool on the host.
 LOCK_DIR = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")
 UNSAFE_HINT = (
@@ -90,7 +92,9 @@ class PoolError(RuntimeError):
 
 def resolve_device(device: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``. Only asks torch whether CUDA is
-    available; the orchestrator never creates a context or runs candidate code."""
+    available; the orchestrator never creates a context or runs candidate code. The one device
+    resolver: the CLI's (``flows.cli_common``) adds only its one-line errors and remote
+    clusters."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
     if device == "cpu":
@@ -310,6 +314,7 @@ class WorkerPool:
             self._kind = self._choose_sandbox()
             self._packages = harnesses.packages(sandbox.SANDBOX_PACKAGES)
             self._shared_dirs(self._kind)
+            self._trusted_layer()
             self._configure()
             self._workers = [None] * count
             self.stats["workers"] = count
@@ -387,23 +392,55 @@ class WorkerPool:
         return kind
 
     def _shared_dirs(self, kind: str) -> None:
-        """The compile cache and GPU lock dir the workers of ``kind`` share, owned by the uid
-        the sandbox runs as (a directory of its own under the cache, so root's entries are never
-        used). Made once per kind: the probe already made the ones its workers use."""
+        """The GPU lock dir the workers of ``kind`` share, owned by the uid the sandbox runs
+        as, and the trusted compile-cache layer they read (until it is warmed, an empty one).
+        Made once per kind: the probe already made the ones its workers use."""
         if self._dirs_for == kind:
             return
         self._dirs_for = kind
         self._identity = (
             privilege.sandbox_identity(self.cfg.sandbox_uid) if kind == "bwrap" else None
         )
-        cache = self.cfg.cache_dir or default_cache_dir()
         locks = LOCK_DIR
         if self._identity is not None:
-            cache = os.path.join(cache, f"sandbox-uid{self._identity.uid}")
             locks = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{self._identity.uid}")
-        for path in (cache, os.path.join(cache, "inductor"), os.path.join(cache, "triton"), locks):
-            privilege.owned_dir(path, self._identity)
-        self._paths_cache, self._lock_dir = cache, locks
+        privilege.owned_dir(locks, self._identity)
+        self._lock_dir = locks
+        if not self._paths_cache:
+            base = self.cfg.cache_dir or default_cache_dir()
+            layer = compile_cache.layer_dir(base, self.device)
+            complete = compile_cache.is_complete(layer)
+            self._paths_cache = layer if complete else compile_cache.empty_dir(base)
+
+    def _trusted_layer(self) -> None:
+        """Build the trusted compile-cache layer for this device and library versions if the
+        host has none yet (``filters.compile_cache``): a sandboxed warm-up of opsynth's own
+        compiles, before any candidate runs. Without it candidates still compile, slower."""
+        began = time.monotonic()
+        base = self.cfg.cache_dir or default_cache_dir()
+        assert self._root is not None
+        workdir = os.path.join(self._root, "warm-up")
+        os.makedirs(workdir, exist_ok=True)
+
+        def warm(staging: str) -> str:
+            return sandbox.run_warmup(
+                kind=self._kind,
+                paths=sandbox.Paths(cache_dir=staging, lock_dir=self._lock_dir, worker_dir=workdir),
+                device=self.device,
+                tmp_bytes=self._tmp_bytes(),
+                identity=self._identity,
+                cuda_visible=self._gpus[0] if self._gpus else None,
+                timeout_s=WARMUP_TIMEOUT_S,
+            )
+
+        def prepare(staging: str) -> None:
+            privilege.owned_dir(staging, self._identity)
+
+        self._paths_cache, problem = compile_cache.ensure_layer(base, self.device, warm, prepare)
+        if problem:
+            log.warning("no trusted compile cache (%s); candidates compile without one", problem)
+        self.stats["compile_cache"] = f"empty: {problem}" if problem else "trusted"
+        self.stats["compile_cache_s"] = round(time.monotonic() - began, 3)
 
     def _configure(self) -> None:
         _, lock_dir = sandbox.visible_paths(self._paths(""), self._kind)

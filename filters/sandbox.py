@@ -5,10 +5,10 @@ bubblewrap gives each worker private namespaces (no network, its own PID space, 
 capabilities) and a filesystem built from read-only binds of exactly what Python, torch and
 the C++/CUDA toolchain need. Nothing else of the host is visible: not /etc/passwd, not home
 directories, not the repository (only the ``filters`` and ``evaluator`` packages are bound, at
-``/opsynth``). Writable are a size-capped private ``/tmp`` and ``/dev/shm``, and the compile
-cache (``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR``) plus the per-GPU lock dir, bound at
-``/opsynth/cache`` and ``/opsynth/locks`` so they never sit inside the /tmp a worker wipes
-between candidates. Everything in the sandbox runs as an unprivileged uid under a seccomp
+``/opsynth``). Writable are a size-capped private ``/tmp`` and ``/dev/shm`` (``/tmp`` also
+holds each candidate's private compile caches, ``filters.compile_cache``) and the per-GPU lock
+dir at ``/opsynth/locks``; the trusted compile-cache layer is bound read-only at
+``/opsynth/cache``. Everything in the sandbox runs as an unprivileged uid under a seccomp
 filter (``filters.privilege``), entered through ``filters.sandbox_entry``; bwrap reads its
 options from a descriptor, so the sandbox's ``/proc/1/cmdline`` names no host path.
 
@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from filters import privilege
+from filters import compile_cache, privilege
 
 BWRAP = "bwrap"
 MOUNT_ROOT = "/opsynth"  # the filters package is bound read-only at MOUNT_ROOT/filters
@@ -88,9 +88,9 @@ PASSTHROUGH_ENV = (
 
 @dataclass(frozen=True)
 class Paths:
-    """Host paths a worker uses: the shared caches and the per-GPU lock dir (both shared by
-    all workers and runs), and this worker's private host dir (its log, and in the fallback
-    its ``tmp`` subdir is TMPDIR)."""
+    """Host paths a worker uses: the trusted compile-cache layer (read-only in the sandbox)
+    and the per-GPU lock dir (both shared by all workers and runs), and this worker's private
+    host dir (its log, and in the fallback its ``tmp`` subdir is TMPDIR)."""
 
     cache_dir: str
     lock_dir: str
@@ -138,8 +138,8 @@ def worker_env(
         PYTHONNOUSERSITE="1",
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONHASHSEED="0",
-        TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_dir, "inductor"),
-        TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"),
+        **compile_cache.private_env(tmp),
+        **{compile_cache.TRUSTED_ENV: cache_dir},
         TORCHINDUCTOR_COMPILE_THREADS="1",
         # Ask NVML, not the CUDA runtime, whether CUDA exists: the runtime query in the worker
         # parent would leave its forked children unable to initialise CUDA.
@@ -198,10 +198,13 @@ def bwrap_options(
     tmp_bytes: int,
     identity: privilege.Identity | None,
     packages: tuple[str, ...] = SANDBOX_PACKAGES,
+    cache_writable: bool = False,
 ) -> list[str]:
-    """bwrap options that build the worker's sandbox (the program name and command apart)."""
+    """bwrap options that build the worker's sandbox (the program name and command apart).
+    The trusted compile-cache layer is read-only but to its own warm-up (``cache_writable``)."""
     args = system_options(tmp_bytes=tmp_bytes, gpu=device == "cuda", identity=identity)
-    args += ["--bind", paths.cache_dir, SANDBOX_CACHE, "--bind", paths.lock_dir, SANDBOX_LOCKS]
+    args += ["--bind" if cache_writable else "--ro-bind", paths.cache_dir, SANDBOX_CACHE]
+    args += ["--bind", paths.lock_dir, SANDBOX_LOCKS]
     args += package_binds(packages)
     return with_parent_dirs(args) + ["--remount-ro", "/", "--chdir", SANDBOX_TMP]
 
@@ -358,6 +361,28 @@ def launch_command(
     return bwrap_command(options, command, identity=identity, keep_fds=(in_fd, out_fd))
 
 
+def run_once(
+    launch: Command, *, env: dict[str, str], cwd: str | None, timeout_s: float, what: str
+) -> tuple[subprocess.CompletedProcess[bytes] | None, str]:
+    """Run ``launch`` to its end with its output captured, then close its descriptors: (the
+    finished process, "") or (None, why ``what`` could not run)."""
+    try:
+        proc = subprocess.run(
+            launch.argv,
+            env=env,
+            cwd=cwd,
+            pass_fds=launch.fds,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{what} failed: {exc}"
+    finally:
+        launch.close()
+    return proc, ""
+
+
 def probe_bwrap(
     *,
     paths: Paths,
@@ -377,20 +402,9 @@ def probe_bwrap(
     check = "import os, filters.worker, filters.reasons; print(os.getuid())"
     options = bwrap_options(paths=paths, device=device, tmp_bytes=tmp_bytes, identity=identity)
     launch = bwrap_command(options, [sys.executable, "-P", "-s", "-c", check], identity=identity)
-    try:
-        proc = subprocess.run(
-            launch.argv,
-            env=env,
-            cwd="/",
-            pass_fds=launch.fds,
-            capture_output=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap probe failed: {exc}"
-    finally:
-        launch.close()
+    proc, why = run_once(launch, env=env, cwd="/", timeout_s=timeout_s, what="bwrap probe")
+    if proc is None:
+        return why
     if proc.returncode != 0:
         return (
             f"bwrap probe exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-500:]}"
@@ -400,6 +414,41 @@ def probe_bwrap(
         return f"bwrap probe ran as uid {uid!r}, not {identity.uid}"
     if uid == "0":
         return "bwrap probe ran as uid 0"
+    return ""
+
+
+def run_warmup(
+    *,
+    kind: str,
+    paths: Paths,
+    device: str,
+    tmp_bytes: int,
+    identity: privilege.Identity | None,
+    cuda_visible: str | None,
+    timeout_s: float,
+) -> str:
+    """Fill the trusted compile-cache layer at ``paths.cache_dir`` with the warm-up of
+    ``filters.compile_cache`` (opsynth's own compiles, no candidate code), in a sandbox like
+    a worker's but with the layer writable. "" when it worked, else why not."""
+    env = worker_env(paths=paths, kind=kind, threads=1, cuda_visible=cuda_visible)
+    command = [sys.executable, "-P", "-s", "-B", "-m", "filters.compile_cache", "--device", device]
+    launch = Command(command, ())
+    if kind == "bwrap":
+        options = bwrap_options(
+            paths=paths, device=device, tmp_bytes=tmp_bytes, identity=identity, cache_writable=True
+        )
+        launch = bwrap_command(options, command, identity=identity)
+    else:
+        os.makedirs(paths.tmp_dir, exist_ok=True)
+    cwd = paths.worker_dir if kind != "bwrap" else "/"
+    proc, why = run_once(
+        launch, env=env, cwd=cwd, timeout_s=timeout_s, what="compile-cache warm-up"
+    )
+    if proc is None:
+        return why
+    if proc.returncode != 0:
+        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        return f"compile-cache warm-up exited {proc.returncode}: {tail[0][-300:]}"
     return ""
 
 

@@ -46,8 +46,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from filters import compile_cache, protocol
 from filters import harness as harnesses
-from filters import protocol
 from filters.childio import (
     MAX_LINE_BYTES,
     Emitter,
@@ -165,6 +165,8 @@ class Worker:
         self.out_fd = out_fd
         self.device = device
         self.tmp = os.environ.get("TMPDIR") or "/tmp"
+        # The read-only compile-cache layer every candidate reads (filters.compile_cache).
+        self.trusted_cache = os.environ.get(compile_cache.TRUSTED_ENV, "")
         self.private_pidns = (
             bool(host_pidns)
             and os.readlink("/proc/self/ns/pid") != host_pidns
@@ -193,7 +195,8 @@ class Worker:
                 import torch._inductor.compile_fx  # noqa: F401
         import torch._inductor.codecache  # noqa: F401
 
-        _share_precompiled_headers()
+        locks = os.path.join(self.tmp, compile_cache.PRIVATE, "header-locks")
+        compile_cache.use_trusted_headers(self.trusted_cache, locks)
 
         from filters import checks
 
@@ -357,6 +360,10 @@ class Worker:
         # A fixed path (wiped between candidates): compile caches key on source file names.
         workdir = os.path.join(self.tmp, "candidate")
         os.makedirs(workdir, exist_ok=True)
+        # Each candidate's compile caches start empty but for links to the trusted layer.
+        triton = os.environ.get("TRITON_CACHE_DIR")
+        if self.trusted_cache and triton:
+            compile_cache.link_trusted(self.trusted_cache, triton)
         if code is not None:
             with open(os.path.join(workdir, CODE_FILE), "w") as fh:
                 fh.write(code)
@@ -886,17 +893,6 @@ class Worker:
                     else:
                         with contextlib.suppress(OSError):
                             os.unlink(entry.path)
-
-
-def _share_precompiled_headers() -> None:
-    """Inductor keeps C++ precompiled headers under the *temp* dir, which is private to the
-    worker and wiped between candidates; point it into the shared compile cache instead, so
-    the header is built once per host rather than once per candidate."""
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    codecache = sys.modules.get("torch._inductor.codecache")
-    if cache and codecache is not None and hasattr(codecache, "_HEADER_DIR"):
-        codecache._HEADER_DIR = os.path.join(cache, "precompiled_headers")
-        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
 
 
 def main(argv: list[str] | None = None) -> int:

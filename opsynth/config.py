@@ -484,12 +484,13 @@ class FiltersConfig(_Section):
         default=65534,
         ge=1,
         description="host uid and gid the sandbox runs as when opsynth runs as root (65534 is "
-        "nobody); the compile cache and GPU lock dir the sandbox writes are owned by it",
+        "nobody); the GPU lock dir the sandbox writes is owned by it",
     )
     cache_dir: str = Field(
         default="",
-        description="shared torch.compile caches (inductor, triton), reused across workers and "
-        "runs; empty = $XDG_CACHE_HOME/opsynth or ~/.cache/opsynth",
+        description="where the trusted torch.compile cache layer is kept (built once per host, "
+        "device and library versions, read-only to candidates, whose own caches are private); "
+        "empty = $XDG_CACHE_HOME/opsynth or ~/.cache/opsynth",
     )
     start_timeout_s: float = Field(
         default=300.0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -19,9 +20,9 @@ from typing import Any
 import pytest
 import torch
 
-from filters import sandbox
+from filters import compile_cache, privilege, sandbox
 from filters.harness import FILTERS
-from filters.pool import WorkerPool, isolation_problem
+from filters.pool import LOCK_DIR, WorkerPool, isolation_problem
 from filters.samples import GOOD, task_source
 from opsynth.config import FiltersConfig
 from opsynth.record import Task, Verdict
@@ -62,12 +63,24 @@ class Host:
         return self.root / f"{name}.pwned"
 
     def heartbeat(self, kind: str) -> Path:
-        """Where a daemon's heartbeat lands: beside the compile cache the sandbox writes
-        (as root, bwrap's is the sandbox uid's own dir under the configured one)."""
-        cache = self.cache_dir
-        if kind == "bwrap" and os.geteuid() == 0:
-            cache = cache / f"sandbox-uid{FiltersConfig().sandbox_uid}"
-        return cache / f"heartbeat-{kind}-{TOKEN}"
+        return heartbeat_path(kind)
+
+
+def heartbeat_dirs(kind: str) -> tuple[str, str]:
+    """(host path, path in the candidate's sandbox) of the GPU lock dir of a ``kind`` pool:
+    the one host folder a sandbox writes (as root, bwrap's is the sandbox uid's own)."""
+    if kind == "rlimits":
+        return LOCK_DIR, LOCK_DIR
+    identity = privilege.sandbox_identity(FiltersConfig().sandbox_uid)
+    host = LOCK_DIR
+    if identity is not None:
+        host = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{identity.uid}")
+    return host, sandbox.SANDBOX_LOCKS
+
+
+def heartbeat_path(kind: str) -> Path:
+    """Where the daemon attack's heartbeat lands on the host."""
+    return Path(heartbeat_dirs(kind)[0]) / f"heartbeat-{kind}-{TOKEN}"
 
 
 # Candidates that make their own process's checks pass: by patching the functions the checks
@@ -131,8 +144,7 @@ def hostile_tasks(host: Host, *, rlimits_safe: bool) -> list[Hostile]:
         "if os.fork() == 0:\n"
         "            os.setsid()\n"
         "            if os.fork() == 0:\n"
-        "                cache = os.environ['TORCHINDUCTOR_CACHE_DIR']\n"
-        "                path = os.path.join(cache, '..', 'heartbeat-{kind}-{token}')\n"
+        "                path = os.path.join({folder!r}, 'heartbeat-{kind}-{token}')\n"
         "                while True:\n"
         "                    with open(path, 'a') as fh:\n"
         "                        fh.write('.')\n"
@@ -184,7 +196,12 @@ def hostile_tasks(host: Host, *, rlimits_safe: bool) -> list[Hostile]:
         ),
         Hostile(
             "daemon",
-            t(heartbeat.format(kind=daemon_kind, token=TOKEN), header="import os, time"),
+            t(
+                heartbeat.format(
+                    folder=heartbeat_dirs(daemon_kind)[1], kind=daemon_kind, token=TOKEN
+                ),
+                header="import os, time",
+            ),
             "forward_error",
         ),
         Hostile(
@@ -454,8 +471,8 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     stop.set()
     thread.join()
     server.close()
-    for path in cache_dir.glob(f"heartbeat-*{TOKEN}"):
-        path.unlink()
+    for kind in ("bwrap", "rlimits"):
+        heartbeat_path(kind).unlink(missing_ok=True)
 
 
 def config(host: Host, **overrides: Any) -> FiltersConfig:
@@ -475,16 +492,6 @@ def config(host: Host, **overrides: Any) -> FiltersConfig:
     return FiltersConfig(**values)
 
 
-def warm_compile_cache(cfg: FiltersConfig) -> None:
-    """Compile the good task once with a long timeout and otherwise the same config (the
-    compile cache is keyed on thread count and cache path, so on worker count and sandbox
-    kind), so the short-timeout batches below see a warm cache however cold the host was."""
-    with WorkerPool(cfg.model_copy(update={"task_timeout_s": 600.0}), "cpu") as pool:
-        good = Task(ops=["good"], data_source="torch#1", code=GOOD)
-        rows = pool.evaluate([good])[good.id]
-    assert rows[-1].reason == "ok", rows[-1].detail
-
-
 def run_batch(
     host: Host, kind: str, attacks: list[Hostile]
 ) -> tuple[dict[str, list[Verdict]], list[str], dict[str, Any]]:
@@ -492,7 +499,6 @@ def run_batch(
     attacks are queued first as a batch of their own with a short timeout (a per-batch
     override, as the pool's measurements use), so the batch does not wait TIMEOUT_S for them."""
     cfg = config(host, sandbox=kind, allow_unsafe=kind == "rlimits")
-    warm_compile_cache(cfg)
     good = [
         Task(ops=["good"], data_source="torch#1", code=GOOD),
         Task(ops=["good2"], data_source="torch#1", code=GOOD),
@@ -642,6 +648,74 @@ def test_patching_torch_does_not_leak_into_the_next_candidate(host: Host) -> Non
     assert [v.reason for v in good] == ["ok"] * len(FILTERS.stages)
 
 
+def cache_attack() -> str:
+    """A candidate that plants code in its compile caches (a module where inductor looks,
+    a file in every Triton entry it can reach) and tries to write into the trusted layer."""
+    return task_source(
+        "planted, written, refused = [], [], 0\n"
+        "        for var in ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR'):\n"
+        "            folder = os.environ[var]\n"
+        "            os.makedirs(folder, exist_ok=True)\n"
+        "            targets = [os.path.join(folder, 'planted.py')]\n"
+        "            targets += [os.path.join(e.path, 'planted.py') for e in os.scandir(folder)\n"
+        "                        if e.is_dir()]\n"
+        "            for path in targets:\n"
+        "                try:\n"
+        "                    with open(path, 'w') as fh:\n"
+        "                        fh.write('raise SystemExit(3)')\n"
+        "                    planted.append(path)\n"
+        "                except OSError:\n"
+        "                    refused += 1\n"
+        "        trusted = os.environ['OPSYNTH_TRUSTED_CACHE']\n"
+        "        for root, dirs, files in os.walk(trusted):\n"
+        "            for name in [*files, 'planted.py']:\n"
+        "                try:\n"
+        "                    with open(os.path.join(root, name), 'a') as fh:\n"
+        "                        fh.write('raise SystemExit(3)')\n"
+        "                    written.append(os.path.join(root, name))\n"
+        "                except OSError:\n"
+        "                    refused += 1\n"
+        "        raise RuntimeError("
+        "f'planted={len(planted)} written={written!r} refused={refused}')",
+        header="import os",
+    )
+
+
+CACHE_LOOK = task_source(
+    "found = []\n"
+    "        for var in ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR'):\n"
+    "            pattern = os.path.join(os.environ[var], '**', 'planted.py')\n"
+    "            found += glob.glob(pattern, recursive=True)\n"
+    "        raise RuntimeError(f'found={found!r}')",
+    header="import glob, os",
+)
+
+
+def test_a_candidate_cannot_pass_code_on_through_the_compile_cache(host: Host) -> None:
+    """What one candidate writes into its compile caches is gone when the next one, in the
+    same worker, compiles; the trusted layer every candidate reads is read-only to both."""
+    require_bwrap()
+    cfg = config(host, sandbox="bwrap", workers=1)
+    tasks = [
+        Task(ops=["plant"], data_source="torch#1", code=cache_attack()),
+        Task(ops=["look"], data_source="torch#1", code=CACHE_LOOK),
+        Task(ops=["good"], data_source="torch#1", code=GOOD),
+    ]
+    with WorkerPool(cfg, "cpu") as pool:
+        results = pool.evaluate(tasks)
+        stats = dict(pool.stats)
+    assert stats["workers_started"] == 1 and stats["compile_cache"] == "trusted", stats
+    plant, look, good = (results[t.id] for t in tasks)
+    assert reported(plant, "planted") >= 2  # its own, private caches take the code
+    assert reported(plant, "written") == []
+    assert reported(plant, "refused") > 0  # the layer holds files, each refused
+    assert reported(look, "found") == []
+    assert [v.reason for v in good] == ["ok"] * len(FILTERS.stages)
+    layer = compile_cache.layer_dir(str(host.cache_dir), "cpu")
+    assert compile_cache.is_complete(layer)
+    assert not list(Path(layer).rglob("planted.py"))
+
+
 def sibling_attack(action: str) -> str:
     """A candidate that looks for the worker's other child (the next candidate's prestarted
     process), tries to open its memory and fds, then does ``action`` to it."""
@@ -678,7 +752,6 @@ def test_a_candidate_cannot_tamper_with_the_next_candidates_process(host: Host) 
     it, and a stopped or killed one is never handed the next candidate."""
     require_bwrap()
     cfg = config(host, sandbox="bwrap", workers=1)
-    warm_compile_cache(cfg)
     tasks = [
         Task(ops=["stop"], data_source="torch#1", code=sibling_attack("SIGSTOP")),
         Task(ops=["good"], data_source="torch#1", code=GOOD),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from filters import calibrate, privilege, sandbox
+from filters import calibrate, compile_cache, privilege, sandbox
 from filters.pool import PoolError, WorkerPool, resolve_device, worker_count
 from filters.samples import task_source
 from opsynth.config import FiltersConfig
@@ -129,9 +129,14 @@ def test_worker_environment_is_an_allow_list(monkeypatch: pytest.MonkeyPatch) ->
     assert "OPENAI_API_KEY" not in env
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["OMP_NUM_THREADS"] == "3"
     assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{sandbox.SANDBOX_CACHE}/inductor"
+    # compile caches private to the candidate, under the temp dir wiped between candidates;
+    # the trusted layer named where the sandbox binds it (read-only)
+    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(f"{sandbox.SANDBOX_TMP}/")
+    assert env["TRITON_CACHE_DIR"].startswith(f"{sandbox.SANDBOX_TMP}/")
+    assert env[compile_cache.TRUSTED_ENV] == sandbox.SANDBOX_CACHE
     fallback = sandbox.worker_env(paths=paths, kind="rlimits", threads=1, cuda_visible=None)
-    assert fallback["TORCHINDUCTOR_CACHE_DIR"] == "/c/inductor"
+    assert fallback["TORCHINDUCTOR_CACHE_DIR"].startswith(f"{paths.tmp_dir}/")
+    assert fallback[compile_cache.TRUSTED_ENV] == "/c"
     assert fallback["CUDA_VISIBLE_DEVICES"] == ""
 
 
@@ -157,7 +162,10 @@ def test_bwrap_command_hides_the_host(identity: privilege.Identity | None) -> No
         assert launch.argv[:2] == [sandbox.BWRAP, "--args"]
         assert not set(launch.argv) & {"/c", "/l"}
         listed = os.pread(int(launch.argv[2]), 1 << 20, 0).decode().split("\0")
-        assert "--seccomp" in listed and listed[listed.index("--bind") + 1] == "/c"
+        assert "--seccomp" in listed
+        # the trusted compile-cache layer is read-only; the lock dir is the one writable bind
+        assert listed[listed.index("/c") - 1] == "--ro-bind"
+        assert listed[listed.index("/l") - 1] == "--bind"
         entry = launch.argv[launch.argv.index("filters.sandbox_entry") + 1 :]
         ids = [str(identity.uid), str(identity.gid)] if identity else ["-", "-"]
         assert entry[:5] == [*ids, "7", "-", "--"] and entry[5:] == ["true"]

@@ -186,19 +186,12 @@ def probe() -> str:
     with tempfile.TemporaryDirectory(prefix="opsynth-probe-") as tmp:
         probe_wd = Workdir(Path(tmp), "probe", {})
         launch = sandbox_command(probe_wd, [sys.executable, "-P", "-c", "import trainer.workdir"])
-        try:
-            proc = subprocess.run(
-                launch.argv,
-                env=sandbox_env(Path(tmp)),
-                pass_fds=launch.fds,
-                capture_output=True,
-                timeout=PROBE_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"bwrap probe failed: {exc}"
-        finally:
-            launch.close()
+        env = sandbox_env(Path(tmp))
+        proc, why = sandbox.run_once(
+            launch, env=env, cwd=None, timeout_s=PROBE_TIMEOUT_S, what="bwrap probe"
+        )
+    if proc is None:
+        return why
     if proc.returncode != 0:
         err = proc.stderr.decode(errors="replace")[-500:]
         return f"bwrap probe exited {proc.returncode}: {err}"

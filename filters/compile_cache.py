@@ -1,0 +1,241 @@
+"""Compile caches no candidate can pass on to another.
+
+``torch.compile`` keeps what it builds on disk and later compiles load it back as code:
+inductor's FX-graph and AOT-autograd entries (pickles), its generated modules, Triton's
+compiled kernels and launchers, the C++ precompiled header. A cache one candidate can write is
+therefore a way into every later candidate and into the evaluator's ``torch.compile``
+reference. So caches come in two layers:
+
+- **private**, one per candidate: ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` point
+  under the worker's temp dir (``PRIVATE``), which is a size-capped tmpfs in the sandbox and
+  emptied between candidates. Whatever a candidate compiles, or plants, goes with it, and its
+  disk use counts against that cap.
+- **trusted**, shared read-only: filled once per host, device and library versions by a
+  warm-up that runs only this module's own compiles (``python -m filters.compile_cache``), in
+  a sandbox of its own before any candidate starts; then sealed (owned by the orchestrator,
+  no write bits) and bound read-only into every sandbox. It holds what every compile pays for
+  whatever it compiles: the C++ precompiled header, Triton's compiled driver, launchers and
+  the warm-up's kernels.
+
+A compile reads the trusted layer and writes to its private one: Triton through links in the
+private cache (one per trusted entry, made before each candidate), inductor's header step
+through ``use_trusted_headers``. A miss in the trusted layer costs time, never a verdict: a
+header the trusted layer lacks is not precompiled (compiling without one is cheaper than
+building one per candidate, see benchmarks/RESULTS.md).
+
+Standard library only at import; torch is imported by the warm-up alone. Runs inside the
+sandbox (the worker, the warm-up) and on the host (the pool's ``ensure_layer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+
+PRIVATE = ".compile-cache"  # under the worker's temp dir, emptied with it
+TRUSTED_ENV = "OPSYNTH_TRUSTED_CACHE"  # the trusted layer as the sandbox sees it
+HEADERS = "precompiled_headers"
+TRITON = "triton"
+COMPLETE = "COMPLETE"
+LAYERS = "trusted-compile"  # under the configured cache dir, one folder per fingerprint
+WARMUP_VERSION = 1  # raised when ``warm`` compiles something else: layers are rebuilt
+
+
+def private_env(tmp: str) -> dict[str, str]:
+    """The cache variables of a worker whose temp dir is ``tmp``."""
+    root = os.path.join(tmp, PRIVATE)
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(root, TRITON),
+    }
+
+
+def fingerprint(device: str) -> str:
+    """What a trusted layer's entries depend on: the interpreter, the machine, torch and
+    Triton, the device kind and what the warm-up compiles. Another combination gets a layer of
+    its own."""
+    parts = [sys.version, platform.machine(), device, f"warm-up {WARMUP_VERSION}"]
+    for name in ("torch", "triton"):
+        try:
+            parts.append(f"{name}={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{name}=none")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def layer_dir(base: str, device: str) -> str:
+    return os.path.join(base, LAYERS, f"{device}-{fingerprint(device)}")
+
+
+def empty_dir(base: str) -> str:
+    """What is bound in a layer's place when none could be built (nothing to read)."""
+    path = os.path.join(base, LAYERS, "empty")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def is_complete(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, COMPLETE))
+
+
+# --------------------------------------------------------------------------- host side
+
+
+def ensure_layer(
+    base: str, device: str, warm: Callable[[str], str], prepare: Callable[[str], None]
+) -> tuple[str, str]:
+    """The trusted layer for ``device`` under ``base``, built first if missing: ``prepare``
+    hands an empty staging folder to whoever the warm-up runs as, ``warm`` fills it ("" on
+    success, else why not). The folder is sealed and renamed into place, so a layer is either
+    complete or absent; pools starting together wait for one warm-up (a file lock). Returns
+    (the folder to bind read-only, "" or why the layer is missing)."""
+    final = layer_dir(base, device)
+    if is_complete(final):
+        return final, ""
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    import fcntl  # host side only
+
+    with open(os.path.join(parent, ".warming.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_complete(final):
+            return final, ""
+        staging = tempfile.mkdtemp(prefix=".warming-", dir=parent)
+        try:
+            prepare(staging)
+            problem = warm(staging)
+            if not problem:
+                seal(staging)
+                with contextlib.suppress(FileNotFoundError):
+                    shutil.rmtree(final)  # an incomplete leftover: never bound
+                os.rename(staging, final)
+                return final, ""
+        except OSError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return empty_dir(base), problem
+
+
+def seal(path: str) -> None:
+    """Hand every entry to the orchestrator's uid (the warm-up ran as the sandbox uid) and clear
+    the write bits of files: written once, only read afterwards."""
+    uid, gid = os.getuid(), os.getgid()
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            entry = os.path.join(root, name)
+            os.lchown(entry, uid, gid)
+            if os.path.islink(entry):
+                continue
+            os.chmod(entry, 0o755 if name in dirs else os.lstat(entry).st_mode & 0o555)
+    os.chown(path, uid, gid)
+    os.chmod(path, 0o755)
+    with open(os.path.join(path, COMPLETE), "w") as fh:
+        fh.write(fingerprint_note())
+    os.chmod(os.path.join(path, COMPLETE), 0o444)
+
+
+def fingerprint_note() -> str:
+    return f"python {sys.version.split()[0]} on {platform.machine()}\n"
+
+
+# ----------------------------------------------------------------------- sandbox side
+
+
+def link_trusted(trusted: str, private_triton: str) -> int:
+    """Make the private Triton cache read every trusted entry: one link per entry (a folder
+    per kernel or launcher key). A compile that finds its key there reads it; a new key is
+    written beside the links, in the private layer. Returns the number of links."""
+    source = os.path.join(trusted, TRITON)
+    os.makedirs(private_triton, exist_ok=True)
+    made = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(source):
+            with contextlib.suppress(FileExistsError):
+                os.symlink(entry.path, os.path.join(private_triton, entry.name))
+                made += 1
+    return made
+
+
+def use_trusted_headers(trusted: str, lock_dir: str) -> bool:
+    """Point inductor's precompiled headers at the trusted layer, read-only: a header found
+    there is used, one missing is not built (the compile goes on without it). Call after
+    ``torch._inductor.codecache`` is imported; False when this torch has no such step."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    original = getattr(codecache, "_precompile_header", None)
+    if codecache is None or original is None:
+        return False
+    codecache._HEADER_DIR = os.path.join(trusted, HEADERS)
+    codecache._HEADER_LOCK_DIR = lock_dir
+    if getattr(original, "trusted_only", False):
+        return True
+
+    def precompile_header(*args: object, **kwargs: object) -> str | None:
+        try:
+            return original(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - the read-only layer refused a new header
+            return None
+
+    precompile_header.trusted_only = True  # type: ignore[attr-defined]
+    codecache._precompile_header = precompile_header
+    return True
+
+
+def warm(device: str, layer: str) -> None:
+    """Fill ``layer`` by compiling a few small functions of opsynth's own on ``device``: enough
+    to build the precompiled header (CPU) and Triton's driver and common launchers (CUDA), and
+    the state audit's tiny model that every reusable process compiles."""
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(layer, TRITON)
+    import torch
+    import torch._inductor.codecache as codecache
+
+    codecache._HEADER_DIR = os.path.join(layer, HEADERS)
+    codecache._HEADER_LOCK_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"), "header-locks")
+
+    def pointwise_sum(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * 2.0 + 1.0).sum(-1)
+
+    def normalise(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, -1) * torch.sigmoid(x).mean()
+
+    def integer(x: torch.Tensor) -> torch.Tensor:
+        return (x * 3 + 1) % 7
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(64, 256, generator=generator) for _ in range(2)]
+    inputs.append(torch.randint(0, 9, (64, 256), generator=generator))
+    dtypes = [torch.float32, torch.float16] if device == "cuda" else [torch.float32]
+    for dtype in dtypes:
+        for fn, x in zip((pointwise_sum, normalise, integer), inputs, strict=True):
+            x = x.to(device, dtype if x.is_floating_point() else x.dtype)
+            torch._dynamo.reset()
+            torch.compile(fn)(x)
+    from filters import state_audit
+
+    state_audit.prepare(device)  # every reusable process compiles this model first
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="fill the trusted compile-cache layer")
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    args = parser.parse_args(argv)
+    layer = os.environ.get(TRUSTED_ENV, "")
+    if not layer or not os.path.isdir(layer):
+        print(f"{TRUSTED_ENV} names no folder", file=sys.stderr)
+        return 2
+    warm(args.device, layer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
