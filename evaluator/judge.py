@@ -13,12 +13,17 @@ Per (task, solution) pair (``evaluator.runner`` serves the other side):
    so a call whose work was skipped, replayed or memoised fails unless its output happens to
    lie within tolerance of the right one everywhere the sample looks. Inputs must come back
    untouched, and a repeat on the same inputs must agree.
-3. **Timing** is by this process's clock: each timed call is a cycle of four requests (draw,
-   L2 flush, forward, sample); its time is the cycle less its own draw-flush-sample part, but
-   never less than the cycle less the median of that part in the reference's eager cycles on
-   the same shapes. Work moved out of the forward into the draw or the sample is still
-   counted, and a patched timer in the child measures nothing that counts. The residual: the
-   forward's request is a pipe round trip, the same for all three timings, which slightly
+3. **Timing** is by this process's clock: each timed call is four requests (draw, L2 flush,
+   forward, sample), and its time is the forward's request. That request's reply carries a
+   weighted sum of every output element with weights from a seed sent with it
+   (``filters.serve.proof_sum``), checked against the reference's for the same inputs and
+   seed (``unfinished_forward``), so the reply cannot come before the output is whole and
+   work deferred into the sample is caught. Work moved ahead into the draw or the flush is
+   counted: whatever those two took beyond the reference's median of them is added. The
+   sample request is not timed: its cost (serialising thousands of values) is large and
+   varies between processes far more than a forward does. A patched timer in the child
+   measures nothing that counts. The residual: the forward's request carries a pipe round
+   trip and the proof's weighted sum, the same for all three timings, which slightly
    compresses the speedups of sub-millisecond calls.
 
 Standard library only (``filters.judge``): this runs in the worker.
@@ -27,11 +32,26 @@ Standard library only (``filters.judge``): this runs in the worker.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, NamedTuple
 
 from filters import judge as j
 
 BUILD, CORRECTNESS, TIMING = "build", "correctness", "timing"
+
+
+class Call(NamedTuple):
+    """One timed call's requests, each timed by the worker's clock (seconds)."""
+
+    draw: float
+    flush: float
+    run: float
+    sample: float
+
+    @property
+    def preparation(self) -> float:
+        return self.draw + self.flush
+
+
 REPEAT_TOLERANCE = 1e-5
 
 
@@ -39,7 +59,8 @@ def judge(ctx: j.JudgeContext) -> None:
     s = ctx.settings
     timed = s.get("device", "cpu") == "cuda" or bool(s.get("time_on_cpu", False))
     trials = [(j.seed(), j.seed()) for _ in range(int(s.get("trials", 5)))]
-    calls = [(j.seed(), j.seed()) for _ in range(int(s.get("timed_runs", 50)))] if timed else []
+    runs = int(s.get("timed_runs", 50)) if timed else 0
+    calls = [(j.seed(), j.seed(), j.seed()) for _ in range(runs)]
     warmup = [j.seed() for _ in range(int(s.get("warmup_runs", 5)))] if timed else []
     try:
         reference = _reference(ctx.peer, trials, calls, warmup)
@@ -76,20 +97,24 @@ class Failed(Exception):
 
 class Reference:
     """What the reference handed over: per trial its inputs' and eager output's samples, per
-    timed call eager's sample, and eager's and compile's cycle times."""
+    timed call eager's sample and proofs, and eager's and compile's request times."""
 
     def __init__(self) -> None:
         self.inputs: list[list[j.Output]] = []
         self.trials: list[list[j.Output]] = []
         self.calls: list[list[j.Output]] = []
-        self.eager: list[tuple[float, float]] = []
-        self.compiled: list[tuple[float, float]] = []
-        self.overhead = 0.0
+        self.proofs: list[list[float]] = []
+        self.eager: list[Call] = []
+        self.compiled: list[Call] = []
+        self.preparation = 0.0
         self.compile_s = 0.0
 
 
 def _reference(
-    peer: j.Peer, trials: list[tuple[int, int]], calls: list[tuple[int, int]], warmup: list[int]
+    peer: j.Peer,
+    trials: list[tuple[int, int]],
+    calls: list[tuple[int, int, int]],
+    warmup: list[int],
 ) -> Reference:
     ref = Reference()
     peer.request("load")
@@ -101,12 +126,12 @@ def _reference(
     if not calls:
         return ref
     _warm(peer, "eager", warmup)
-    ref.eager = _cycles(peer, "eager", calls, ref.calls)
-    ref.overhead = statistics.median([overhead for _, overhead in ref.eager])
+    ref.eager, ref.calls, ref.proofs = _cycles(peer, "eager", calls)
+    ref.preparation = statistics.median(call.preparation for call in ref.eager)
     peer.request("draw", seed=calls[0][0])
     ref.compile_s = float(peer.request("compile")[0].get("compile_s", 0.0))
     _warm(peer, "compiled", warmup)
-    ref.compiled = _cycles(peer, "compiled", calls, [])
+    ref.compiled = _cycles(peer, "compiled", calls)[0]
     return ref
 
 
@@ -117,29 +142,27 @@ def _warm(peer: j.Peer, which: str, seeds: list[int]) -> None:
 
 
 def _cycles(
-    peer: j.Peer,
-    which: str,
-    calls: list[tuple[int, int]],
-    samples: list[list[j.Output]],
-    check: Any = None,
-) -> list[tuple[float, float]]:
-    """Seconds per timed call: its cycle (draw, flush, forward, sample) and the cycle's
-    non-forward part, the GPU held; each sample kept and ``check(i, sample)``-ed."""
-    cycles: list[tuple[float, float]] = []
+    peer: j.Peer, which: str, calls: list[tuple[int, int, int]]
+) -> tuple[list[Call], list[list[j.Output]], list[list[float]]]:
+    """The timed calls, the GPU held: per call its requests' times (draw, L2 flush, forward,
+    sample), its output's sample and the proofs its forward's reply carried. Nothing is
+    checked between calls, so the reference's calls and a solution's follow each other alike."""
+    cycles: list[Call] = []
+    samples: list[list[j.Output]] = []
+    proofs: list[list[float]] = []
     peer.request("lock")
     try:
-        for i, (draw, positions) in enumerate(calls):
+        for draw, positions, proof in calls:
             drawn = peer.request("draw", seed=draw)[1]
             flushed = peer.request("flush")[1]
-            ran = peer.request("run", which=which)[1]
-            reply, sampled = peer.request("sample", seed=positions)
-            cycles.append((drawn + flushed + ran + sampled, drawn + flushed + sampled))
-            samples.append(j.parse_sample(reply))
-            if check is not None:
-                check(i, samples[-1])
+            reply, ran = peer.request("run", which=which, proof=proof)
+            sample, sampled = peer.request("sample", seed=positions)
+            cycles.append(Call(drawn, flushed, ran, sampled))
+            proofs.append(j.parse_proof(reply))
+            samples.append(j.parse_sample(sample))
     finally:
         peer.request("unlock")
-    return cycles
+    return cycles, samples, proofs
 
 
 def _correctness(
@@ -175,7 +198,7 @@ def _correctness(
 def _timing(
     peer: j.Peer,
     ref: Reference,
-    calls: list[tuple[int, int]],
+    calls: list[tuple[int, int, int]],
     warmup: list[int],
     atol: float,
     rtol: float,
@@ -183,31 +206,40 @@ def _timing(
 ) -> dict[str, Any]:
     if not timed:
         return {"timed": False}
-
-    def check(i: int, got: list[j.Output]) -> None:
-        why, _ = j.mismatch(ref.calls[i], got, atol, rtol)
+    _warm(peer, "new_timed", warmup)
+    solution, samples, proofs = _cycles(peer, "new_timed", calls)
+    for i, (expected, got) in enumerate(zip(ref.calls, samples, strict=True)):
+        why, _ = j.mismatch(expected, got, atol, rtol)
         if why:
             raise Failed("replayed_output", f"timed call {i}: {why}", call=i)
-
-    _warm(peer, "new_timed", warmup)
-    solution = _cycles(peer, "new_timed", calls, [], check)
+        why = j.proof_mismatch(expected, proofs[i], ref.proofs[i], atol, rtol)
+        if why:
+            raise Failed("unfinished_forward", f"timed call {i}: {why}", call=i)
     return {
         "timed": True,
-        "eager_ms": _ms(ref.eager, ref.overhead),
-        "compile_ms": _ms(ref.compiled, ref.overhead),
-        "solution_ms": _ms(solution, ref.overhead),
+        "eager_ms": _ms(ref.eager, ref.preparation),
+        "compile_ms": _ms(ref.compiled, ref.preparation),
+        "solution_ms": _ms(solution, ref.preparation),
         "compile_s": ref.compile_s,
         "timed_runs": len(calls),
-        "overhead_ms": round(ref.overhead * 1e3, 6),
+        "preparation_ms": round(ref.preparation * 1e3, 6),
+        # medians of each request of a timed call: draw, L2 flush, forward, sample
+        "eager_parts_ms": _parts(ref.eager),
+        "solution_parts_ms": _parts(solution),
         "checked_calls": len(calls),
     }
 
 
-def _ms(cycles: list[tuple[float, float]], overhead: float) -> float:
-    """Median ms of the calls: each cycle less its own overhead, capped at ``overhead`` (the
-    reference's median), so no work moved out of the forward goes uncounted."""
-    times = [cycle - min(own, overhead) for cycle, own in cycles]
+def _ms(cycles: list[Call], preparation: float) -> float:
+    """Median ms of the calls: each forward's request (its reply proves the output whole),
+    plus whatever its draw and L2 flush took beyond ``preparation`` (the reference's median of
+    them), so no work moved into them goes uncounted."""
+    times = [call.run + max(0.0, call.preparation - preparation) for call in cycles]
     return round(max(statistics.median(times), 1e-6) * 1e3, 6)
+
+
+def _parts(cycles: list[Call]) -> list[float]:
+    return [round(statistics.median(part) * 1e3, 4) for part in zip(*cycles, strict=True)]
 
 
 def _count(value: Any) -> int:

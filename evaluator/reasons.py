@@ -19,6 +19,8 @@ EVALUATION: dict[str, str] = {
     "not_a_tensor": "ModelNew returned a tensor subclass or a non-tensor",
     "unstable_output": "two runs on the same inputs differ (uninitialised memory?)",
     "replayed_output": "a timed call's output does not match the reference on its inputs",
+    "unfinished_forward": "a timed forward replied before its output was whole (its proof, a "
+    "weighted sum of every element, is off): work deferred past the timed request",
 }
 
 # The stages of one (task, solution) evaluation, in order.

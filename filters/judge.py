@@ -249,14 +249,50 @@ def mismatch(
                 worst = max(worst, diff) if diff == diff else math.inf
                 return f"output {i} differs by {diff:.4g} at a sampled position", worst
             worst = max(worst, diff)
-        tolerance = e.numel * atol**2 + 2 * atol * rtol * e.abs_sum + rtol**2 * e.square_sum
-        bound = CHECKSUM_Z * math.sqrt(max(tolerance, 0.0))
-        bound += CHECKSUM_SLACK * (math.sqrt(max(e.square_sum, 0.0)) + 1e-30)
+        bound = checksum_bound(e, atol, rtol)
         for a, b in zip(g.checksums, e.checksums, strict=True):
             gap = abs(a - b)
             if not gap <= bound:
                 return f"output {i}: a checksum is off by {gap:.4g} (allowed {bound:.4g})", worst
     return "", worst
+
+
+def checksum_bound(e: Output, atol: float, rtol: float) -> float:
+    """How far a weighted sum ``sum(w * v)`` over an output within ``atol``/``rtol`` of ``e``
+    everywhere may be from ``e``'s own (see ``mismatch``)."""
+    tolerance = e.numel * atol**2 + 2 * atol * rtol * e.abs_sum + rtol**2 * e.square_sum
+    bound = CHECKSUM_Z * math.sqrt(max(tolerance, 0.0))
+    return bound + CHECKSUM_SLACK * (math.sqrt(max(e.square_sum, 0.0)) + 1e-30)
+
+
+def parse_proof(reply: dict[str, Any]) -> list[float]:
+    """The per-output weighted sums a timed ``run`` reply carries; PeerFailure otherwise."""
+    raw = reply.get("proof")
+    if not isinstance(raw, list) or not raw or len(raw) > 64:
+        raise PeerFailure("protocol_violation", "run: proof is not a short list")
+    try:
+        return [_number(v) for v in raw]
+    except TypeError as exc:
+        raise PeerFailure("protocol_violation", f"run: {exc}") from None
+
+
+def proof_mismatch(
+    expected: Sequence[Output],
+    proof: Sequence[float],
+    reference: Sequence[float],
+    atol: float,
+    rtol: float,
+) -> str:
+    """Why a timed forward's ``proof`` (``filters.serve.proof_sum`` per output) is not what an
+    output within tolerance of ``expected`` gives against the reference's ``reference`` for the
+    same seed: the reply came before the output was whole, or with part of it."""
+    if len(proof) != len(expected):
+        return f"{len(proof)} proofs for {len(expected)} outputs"
+    for i, (e, got, want) in enumerate(zip(expected, proof, reference, strict=True)):
+        gap = abs(got - want)
+        if not gap <= checksum_bound(e, atol, rtol):
+            return f"output {i}: the forward's proof is off by {gap:.4g}"
+    return ""
 
 
 def rel_diff(a: Sequence[Output], b: Sequence[Output]) -> float:

@@ -5,8 +5,9 @@ requests with its own clock and compares what comes back. This side draws inputs
 seeds it is given, runs the forwards it is asked for and hands over a *sample* of each output
 (``sample``): the values at positions drawn from a seed that arrives only after the forward
 returned, and checksums of every element against random weights from that seed. Large
-outputs never cross the pipe, and an output computed lazily after the forward (to look fast)
-has to be computed whole, while the worker's clock for the sample runs.
+outputs never cross the pipe. A timed forward's reply also carries a weighted sum of every
+output element (``proof_sum``, weights from a seed sent with the request), so it cannot be
+sent before the output is whole: work deferred past the reply to look fast is caught.
 
 Standard library and torch only (the worker's child imports it).
 """
@@ -109,13 +110,21 @@ class Runner:
         return {}
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The forward; with a ``proof`` seed, the reply carries one weighted sum of every
+        output element (``proof_sum``), so it cannot come before the output is whole."""
         forward = self.forwards[str(request["which"])]
         self.outputs = []
         with torch.no_grad():
             rng = request.get("rng")
             self.outputs = forward(self.inputs, None if rng is None else int(rng))
+            seed = request.get("proof")
+            proof = (
+                None
+                if seed is None
+                else [proof_sum(t, int(seed) + i) for i, t in enumerate(self.outputs)]
+            )
         self.sync()
-        return {}
+        return {} if proof is None else {"proof": proof}
 
     def sample(self, request: dict[str, Any]) -> dict[str, Any]:
         tensors = self.outputs
@@ -161,26 +170,14 @@ def sample_tensor(t: torch.Tensor, seed: int, k: int = SAMPLE_POSITIONS) -> dict
     ``k`` positions drawn from ``seed`` (every value when there are at most ``k``),
     ``CHECKSUMS`` sums ``sum(w * v)`` over all elements with standard normal weights ``w``
     from the same seed, and ``sum|v|``, ``sum v^2``. Complex tensors count as pairs of reals."""
-    t = t.detach()
-    flat = torch.view_as_real(t).reshape(-1) if t.is_complex() else t.reshape(-1)
+    flat, generator = _flat(t), _generator(t, seed)
     n = flat.numel()
-    generator = torch.Generator(device=flat.device)
-    generator.manual_seed(seed)
     if n <= k:
         values = flat.double().cpu().tolist()
     else:
         positions = torch.randint(n, (k,), generator=generator, device=flat.device)
         values = flat[positions].double().cpu().tolist()
-    f64 = torch.float64
-    sums = torch.zeros(CHECKSUMS + 2, dtype=f64, device=flat.device)
-    for begin in range(0, n, CHUNK):
-        part = flat[begin : begin + CHUNK].float()
-        for j in range(CHECKSUMS):
-            w = torch.randn(part.numel(), generator=generator, device=flat.device)
-            sums[j] += (w * part).sum(dtype=f64)
-        sums[CHECKSUMS] += part.abs().sum(dtype=f64)
-        sums[CHECKSUMS + 1] += part.square().sum(dtype=f64)
-    found = sums.cpu().tolist()
+    found = _sums(flat, generator, CHECKSUMS, magnitudes=True).cpu().tolist()
     return {
         "dtype": str(t.dtype).removeprefix("torch."),
         "shape": list(t.shape),
@@ -189,3 +186,41 @@ def sample_tensor(t: torch.Tensor, seed: int, k: int = SAMPLE_POSITIONS) -> dict
         "abs_sum": found[CHECKSUMS],
         "square_sum": found[CHECKSUMS + 1],
     }
+
+
+def proof_sum(t: torch.Tensor, seed: int) -> float:
+    """``sum(w * v)`` over every element of ``t`` with standard normal weights ``w`` from
+    ``seed``: what a timed forward's reply carries. The worker compares it with the
+    reference's on the same inputs and seed (the bound of ``filters.judge.checksum_bound``), so
+    a reply sent before the output was whole, or with a part of it, is caught."""
+    return float(_sums(_flat(t), _generator(t, seed), 1, magnitudes=False)[0].item())
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return torch.view_as_real(t).reshape(-1) if t.is_complex() else t.reshape(-1)
+
+
+def _generator(t: torch.Tensor, seed: int) -> torch.Generator:
+    generator = torch.Generator(device=t.device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _sums(
+    flat: torch.Tensor, generator: torch.Generator, weighted: int, *, magnitudes: bool
+) -> torch.Tensor:
+    """``weighted`` sums ``sum(w_j * v)`` with fresh standard normal weights each, then (with
+    ``magnitudes``) ``sum|v|`` and ``sum v^2``, in float64 on ``flat``'s device, ``CHUNK``
+    elements at a time."""
+    f64 = torch.float64
+    sums = torch.zeros(weighted + 2 * magnitudes, dtype=f64, device=flat.device)
+    for begin in range(0, flat.numel(), CHUNK):
+        part = flat[begin : begin + CHUNK].float()
+        for j in range(weighted):
+            w = torch.randn(part.numel(), generator=generator, device=flat.device)
+            sums[j] += (w * part).sum(dtype=f64)
+        if magnitudes:
+            sums[weighted] += part.abs().sum(dtype=f64)
+            sums[weighted + 1] += part.square().sum(dtype=f64)
+    return sums

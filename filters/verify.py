@@ -9,9 +9,11 @@ repeat (``nondeterministic``) or under another RNG state (``random``), the same 
 input draw (``indistinguishable``), compiled outputs off eager (``compile_mismatch``), and an
 eager forward outside the runtime window by this process's clock (``too_fast``/``too_slow``).
 
-What it cannot see: a candidate makes itself look slower, never faster, than it is (only by
-spending real time in its own process, which the evaluator's timing then sees too), and the
-values it hands over are what its process computed under this harness. Standard library only.
+What it cannot see: the values a candidate hands over are what its process computed under
+this harness, and its timed forwards have no reference to prove them against (the evaluator's
+have: ``filters.serve.proof_sum``), so a candidate that patches its own serving loop to reply
+before the device has finished can look faster than it is here (ARCHITECTURE.md, "Judged
+verdicts"). Standard library only.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from evaluator.solution import Solution
 from filters import judge as j
 from filters.pool import WorkerPool
 from filters.samples import task_source
-from filters.serve import sample_tensor
+from filters.serve import proof_sum, sample_tensor
 from opsynth.config import EvalConfig, FiltersConfig
 from opsynth.record import Task
 
@@ -60,6 +60,26 @@ def test_a_replayed_output_fails_for_fresh_inputs() -> None:
     torch.manual_seed(0)
     first, second = torch.randn(256, 256), torch.randn(256, 256)
     assert j.mismatch(sample(second), sample(first), 1e-2, 1e-2)[0]
+
+
+def test_a_forward_proves_its_output_whole_within_the_tolerance() -> None:
+    torch.manual_seed(0)
+    right = torch.randn(1 << 16)
+    expected = sample(right)
+    want = proof_sum(right, 11)
+    noisy = right + (torch.rand_like(right) - 0.5) * 2e-2  # allclose at 1e-2 everywhere
+    assert j.proof_mismatch(expected, [proof_sum(noisy, 11)], [want], 1e-2, 1e-2) == ""
+    for lazy in (torch.zeros_like(right), torch.cat([right[: 1 << 15], right[: 1 << 15] * 0])):
+        assert "proof" in j.proof_mismatch(expected, [proof_sum(lazy, 11)], [want], 1e-2, 1e-2)
+    assert "2 proofs" in j.proof_mismatch(expected, [want, want], [want], 1e-2, 1e-2)
+    assert proof_sum(right, 11) == want and proof_sum(right, 12) != want
+
+
+@pytest.mark.parametrize("proof", [None, [], ["1.0"], [1.0] * 65, "1.0"])
+def test_a_malformed_proof_is_a_protocol_violation(proof: Any) -> None:
+    with pytest.raises(j.PeerFailure) as failed:
+        j.parse_proof({"proof": proof})
+    assert failed.value.reason == "protocol_violation"
 
 
 def test_small_outputs_are_compared_whole_and_structure_first() -> None:
@@ -183,6 +203,28 @@ for fd in range(3, 256):
     except OSError:
         pass
 """
+# Replies to each timed forward at once with a made-up proof and runs the forward when the
+# sample comes: the forward's request looks instant, the sample pays for it.
+DEFER = """
+import gc
+def _defer():
+    for obj in gc.get_objects():
+        owner = getattr(obj.get('run'), '__self__', None) if isinstance(obj, dict) else None
+        if type(owner).__name__ == 'Runner' and {'sample', 'ping', 'lock'} <= set(obj):
+            real_run, real_sample, pending = obj['run'], obj['sample'], []
+            def run(request):
+                if request.get('proof') is None:
+                    return real_run(request)
+                pending.append(dict(request, proof=None))
+                return {'proof': [0.0]}
+            def sample(request):
+                while pending:
+                    real_run(pending.pop())
+                return real_sample(request)
+            obj['run'], obj['sample'] = run, sample
+            return
+_defer()
+"""
 FROZEN_CLOCK = "\nimport time\ntime.perf_counter = lambda: 1.0\ntime.monotonic = lambda: 1.0\n"
 COMPUTE = "torch.relu(x) * self.scale + x"
 # name -> (ModelNew source, reward, reason); reward 1 = correct (CPU timing noise may make a
@@ -228,6 +270,11 @@ SOLUTIONS: dict[str, tuple[str, int, str]] = {
         "protocol_violation",
     ),
     "frozen_clock": (model_new(f"return {COMPUTE}", header=FROZEN_CLOCK), 1, "ok"),
+    "replies_before_its_forward": (
+        model_new(f"return {COMPUTE}", header=DEFER),
+        -1,
+        "unfinished_forward",
+    ),
     "exits_mid_check": (model_new("os._exit(3)", header="import os\n"), -1, "exited"),
     "looks_for_the_expected_output": (
         model_new(
