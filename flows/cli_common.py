@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from filters.pool import isolation_problem
+from filters.pool import resolve_device as resolve_here
 from opsynth.config import RunConfig, RunnerConfig
 from opsynth.store import RunDir
 
@@ -32,13 +33,10 @@ def resolve_device(requested: str, runner: RunnerConfig | None = None) -> str:
         raise UserError(f"unknown device {requested!r}; use one of {', '.join(DEVICES)}")
     if requested == "cuda" and runner is not None and runner.kind != "local" and runner.address:
         return requested
-    import torch
-
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but no CUDA device is visible; use --device cpu or auto")
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
+    try:
+        return resolve_here(requested)
+    except ValueError as exc:
+        raise UserError(f"--device {requested}: {exc}") from None
 
 
 def print_funnel(manifest_funnel: list[dict], title: str) -> None:
