@@ -7,7 +7,7 @@
    reformatting, an extra forward statement, reordered ``__init__`` statements, comments,
    changed batch size) (target: < 60 s on 2 cores).
 
-Usage: ``python benchmarks/bench_decontam.py [--ops6k PATH] [--candidates N] [--workers N]``.
+Usage: ``python -m benchmarks.bench_decontam [--ops6k PATH] [--candidates N] [--workers N]``.
 Reference data is looked up as ``opsynth.refdata`` says (``$OPSYNTH_SHARED``, ``shared/``
 in or beside the checkout). The machine's load average is printed: the figures are wall-clock
 times and scale with how much of the 2 cores other processes leave.
@@ -29,17 +29,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ast_dedup.decontam import decontaminate_tasks  # noqa: E402
-from ast_dedup.dedup import dedup  # noqa: E402
-from ast_dedup.index import KernelBenchIndex  # noqa: E402
-from ast_dedup.nearest import nearest_kernelbench  # noqa: E402
-from ast_dedup.screen import screen  # noqa: E402
-from opsynth.config import DecontamConfig, DedupConfig  # noqa: E402
-from opsynth.record import Task  # noqa: E402
-from opsynth.refdata import KERNELBENCH, OPS6K, shared_file  # noqa: E402
+from ast_dedup.decontam import decontaminate_tasks
+from ast_dedup.dedup import dedup
+from ast_dedup.index import KernelBenchIndex
+from ast_dedup.nearest import nearest_kernelbench
+from ast_dedup.screen import screen
+from opsynth.config import DecontamConfig, DedupConfig
+from opsynth.record import Task
+from opsynth.refdata import KERNELBENCH, OPS6K, shared_file
 
 
 def load_ops6k(path: Path) -> list[Task]:

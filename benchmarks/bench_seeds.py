@@ -1,6 +1,6 @@
 """Time a full seed extraction (every library of ``seeds.libraries``) and print the numbers.
 
-    .venv/bin/python benchmarks/bench_seeds.py [--out DIR]
+    .venv/bin/python -m benchmarks.bench_seeds [--out DIR]
 
 The target is under 5 minutes on a 2-core machine without a GPU. Prints per-library runnable
 and rejected counts and seconds, the wall time, and the coverage of the released Ops-6K.
@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from opsynth.config import SeedsConfig  # noqa: E402
-from opsynth.refdata import OPS6K, shared_file  # noqa: E402
-from synth.catalog.extract import extract  # noqa: E402
-from synth.catalog.report import write_catalogue  # noqa: E402
+from opsynth.config import SeedsConfig
+from opsynth.refdata import OPS6K, shared_file
+from synth.catalog.extract import extract
+from synth.catalog.report import write_catalogue
 
 
 def main() -> None:

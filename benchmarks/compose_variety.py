@@ -1,6 +1,6 @@
 """Compose a large candidate set offline and put it beside the released Ops-6K.
 
-    .venv/bin/python benchmarks/compose_variety.py --catalogue DIR [--n 6000] [--out DIR]
+    .venv/bin/python -m benchmarks.compose_variety --catalogue DIR [--n 6000] [--out DIR]
 
 ``--catalogue`` is an ``opsynth seeds extract --out`` directory (or a run's ``catalogue/``).
 Prints the compose wall time and rate, the composer's rejection reasons, and the fidelity table
@@ -13,20 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flows.reference import structural_share  # noqa: E402
-from opsynth.config import ComposeConfig  # noqa: E402
-from opsynth.profile import load_profile  # noqa: E402
-from opsynth.report.fidelity import fidelity_table  # noqa: E402
-from opsynth.store import read_tasks, write_tasks  # noqa: E402
-from synth.compose import compose  # noqa: E402
+from flows.reference import structural_share
+from opsynth.config import ComposeConfig
+from opsynth.profile import load_profile
+from opsynth.report.fidelity import fidelity_table
+from opsynth.store import read_tasks, write_tasks
+from synth.compose import compose
 
 
 def main() -> None:

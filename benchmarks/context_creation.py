@@ -2,8 +2,8 @@
 
 Run by hand on a GPU host (torch only), e.g.
 
-    python benchmarks/context_creation.py --counts 1 4 16 32
-    python benchmarks/context_creation.py --counts 16 --env CUDA_DEVICE_MAX_CONNECTIONS=1
+    python -m benchmarks.context_creation --counts 1 4 16 32
+    python -m benchmarks.context_creation --counts 16 --env CUDA_DEVICE_MAX_CONNECTIONS=1
 
 Every candidate runs in a fresh process (``filters.worker``), so every candidate creates a
 CUDA context, and the host's rate of creating them bounds candidates per minute whatever the

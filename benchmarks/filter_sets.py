@@ -3,7 +3,7 @@
 For GPU hosts that have only torch (plus pyarrow and pydantic): prints the funnel per set and
 writes every verdict, e.g.
 
-    python benchmarks/filter_sets.py --kernelbench kernelbench.jsonl --levels 2 \
+    python -m benchmarks.filter_sets --kernelbench kernelbench.jsonl --levels 2 \
         --ops6k cuda_agent_ops_6k.parquet --sample 600 --device cuda --out results/
 """
 
@@ -12,18 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from filters.audit import audit_tasks, load_task_set  # noqa: E402
-from opsynth.config import FiltersConfig  # noqa: E402
-from opsynth.funnel import funnel  # noqa: E402
-from opsynth.store import write_verdicts  # noqa: E402
-from opsynth.tasksets import load_kernelbench  # noqa: E402
+from filters.audit import audit_tasks, load_task_set
+from opsynth.config import FiltersConfig
+from opsynth.funnel import funnel
+from opsynth.store import write_verdicts
+from opsynth.tasksets import load_kernelbench
 
 
 def report(name: str, tasks, result, seconds: float, out: Path) -> dict:

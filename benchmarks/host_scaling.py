@@ -21,7 +21,7 @@ phase's. Workloads:
 - ``compile``: the same through inductor for the CPU into an empty cache, C++ compiler
   included (not run by default: the C++ compile makes it the slowest by far).
 
-    python benchmarks/host_scaling.py --out results/host_scaling
+    python -m benchmarks.host_scaling --out results/host_scaling
 """
 
 from __future__ import annotations
@@ -36,9 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 WORKLOADS = ("python", "import", "trace", "compile")
 # Lighter workloads first, so a cut-off run keeps them.

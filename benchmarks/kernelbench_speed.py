@@ -5,9 +5,9 @@ micro-benchmark in ``filters.calibrate`` needs a run on the reference device; Ke
 already publishes eager timings of its problems on H100s, so the eager medians our runtime
 filter measured on those same problems give the factor directly:
 
-    python benchmarks/filter_sets.py --kernelbench kernelbench.jsonl --levels 2 --device cuda \
+    python -m benchmarks.filter_sets --kernelbench kernelbench.jsonl --levels 2 --device cuda \
         --out kb/
-    python benchmarks/kernelbench_speed.py --verdicts kb/kernelbench-l2-verdicts.parquet \
+    python -m benchmarks.kernelbench_speed --verdicts kb/kernelbench-l2-verdicts.parquet \
         --kernelbench kernelbench.jsonl \
         --timing KernelBench/results/timing/H100_Modal/baseline_time_torch.json
 
@@ -22,11 +22,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from filters.calibrate import speed_factor  # noqa: E402
-from opsynth.store import read_verdicts  # noqa: E402
-from opsynth.tasksets import load_kernelbench, load_kernelbench_timings  # noqa: E402
+from filters.calibrate import speed_factor
+from opsynth.store import read_verdicts
+from opsynth.tasksets import load_kernelbench, load_kernelbench_timings
 
 
 def local_eager_ms(verdicts_path: Path, kernelbench: Path, level: int) -> dict[int, float]:

@@ -2,7 +2,7 @@
 
 Run by hand on a multi-GPU host (needs prefect and prefect-dask besides torch), e.g.
 
-    python benchmarks/multi_gpu.py --candidates results/throughput/candidates.parquet \
+    python -m benchmarks.multi_gpu --candidates results/throughput/candidates.parquet \
         --gpus 1/16 2 1 --out results/multi_gpu
 
 The candidate set is the throughput benchmark's (``benchmarks/throughput.py`` writes it, sized,
@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 # ------------------------------------------------------------------------ one run (subprocess)

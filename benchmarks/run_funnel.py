@@ -1,6 +1,6 @@
 """What a finished (or interrupted) run directory says about its candidates, by category.
 
-    python benchmarks/run_funnel.py RUN_DIR [--json OUT.json]
+    python -m benchmarks.run_funnel RUN_DIR [--json OUT.json]
 
 Prints the funnel from ``run.json``, the share of sized candidates that pass every sandboxed
 filter, the pool's rate (sandboxed jobs per minute between its first and last result: filter
@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from opsynth.taxonomy import task_categories  # noqa: E402
+from opsynth.taxonomy import task_categories
 
 SANDBOX_STAGES = ("eager", "randomness", "degenerate", "runtime", "compile")
 

@@ -2,7 +2,7 @@
 
 Run by hand on a GPU host (torch, pyarrow and pydantic suffice; no Prefect), e.g.
 
-    python benchmarks/throughput.py --kernelbench kernelbench.jsonl \
+    python -m benchmarks.throughput --kernelbench kernelbench.jsonl \
         --ops6k cuda_agent_ops_6k.parquet --composed 150 --device cuda --out results/throughput
 
 One fixed, seeded candidate set (KernelBench level 2, ``--ops6k-n`` sampled Ops-6K rows,
@@ -36,17 +36,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.cpu_usage import CpuSampler  # noqa: E402
-from benchmarks.gpu_usage import GpuSampler  # noqa: E402
-from benchmarks.proc_memory import MemorySampler  # noqa: E402
-from filters.audit import audit_tasks, load_task_set  # noqa: E402
-from filters.pool import WorkerPool, check_settings, host_cores, resolve_device  # noqa: E402
-from opsynth.config import ComposeConfig, FiltersConfig, SeedsConfig, SizingConfig  # noqa: E402
-from opsynth.record import Task, Verdict  # noqa: E402
-from opsynth.store import write_tasks, write_verdicts  # noqa: E402
-from opsynth.tasksets import load_kernelbench  # noqa: E402
+from benchmarks.cpu_usage import CpuSampler
+from benchmarks.gpu_usage import GpuSampler
+from benchmarks.proc_memory import MemorySampler
+from filters.audit import audit_tasks, load_task_set
+from filters.pool import WorkerPool, check_settings, host_cores, resolve_device
+from opsynth.config import ComposeConfig, FiltersConfig, SeedsConfig, SizingConfig
+from opsynth.record import Task, Verdict
+from opsynth.store import write_tasks, write_verdicts
+from opsynth.tasksets import load_kernelbench
+from opsynth.verdicts import group_by_task
 
 NAIVE = Path(__file__).resolve().parent / "naive_candidate.py"
 
@@ -283,9 +282,7 @@ def pool_run(
             result = audit_tasks(everything, cfg, device, progress=_every(25), pool=pool)
         filter_s = time.perf_counter() - filter_start
         stats = dict(pool.stats)
-    by_task: dict[str, list[Verdict]] = {}
-    for v in result.verdicts:
-        by_task.setdefault(v.task_id, []).append(v)
+    by_task = group_by_task(result.verdicts)
     return {
         "tasks": everything,
         "verdicts": result.verdicts,

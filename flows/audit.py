@@ -13,15 +13,14 @@ from flows.stages import (
     Progress,
     WorkLedger,
     export,
-    group_by_task,
     noop_progress,
-    passed_all,
     screen,
     versions,
 )
 from opsynth.config import RunConfig
 from opsynth.record import utc_now
 from opsynth.store import RunDir, read_tasks
+from opsynth.verdicts import group_by_task, passed_all
 
 
 @flow(name="audit", log_prints=False)

@@ -18,12 +18,9 @@ from flows.stages import (
     LazyPool,
     Progress,
     WorkLedger,
-    adopt_sized,
     compose_stage,
     export,
-    group_by_task,
     noop_progress,
-    passed_all,
     publish_stage,
     screen,
     seeds_stage,
@@ -33,6 +30,7 @@ from flows.stages import (
 from opsynth.config import RunConfig
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.store import RunDir
+from opsynth.verdicts import adopt_sized, group_by_task, passed_all
 from synth.composers import summary as compose_summary
 
 

@@ -7,7 +7,6 @@ dataset. Import this module only after ``flows.prefect_env.configure_prefect``.
 
 from __future__ import annotations
 
-import dataclasses
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from opsynth.store import (
     write_tasks,
     write_verdicts,
 )
+from opsynth.verdicts import group_by_task, outcome, passed_all
 
 if TYPE_CHECKING:
     from filters.pool import Ticket
@@ -305,53 +305,6 @@ def scatter_probes(cfg: RunConfig, batch: list[Task], device: str) -> dict[str, 
     return {t.id: found.get(t.id, []) for t in batch}
 
 
-def adopt_sized(
-    originals: list[Task], sized: list[Task], candidates: list[Task], verdicts: list[Verdict]
-) -> tuple[list[Task], list[Task], list[Verdict]]:
-    """Put each sized task in its original's place among the candidates and move the
-    original's verdicts (compose) to it, so every candidate row keeps its whole history. A
-    sized task whose code another candidate already has stays unsized."""
-    taken = {t.id for t in candidates}
-    renamed: dict[str, Task] = {}
-    for original, new in zip(originals, sized, strict=True):
-        if new.id == original.id or new.id not in taken:
-            renamed[original.id] = new
-            taken.add(new.id)
-        else:
-            renamed[original.id] = original
-    moved = [
-        dataclasses.replace(v, task_id=renamed[v.task_id].id) if v.task_id in renamed else v
-        for v in verdicts
-    ]
-    return [renamed[t.id] for t in originals], [renamed.get(t.id, t) for t in candidates], moved
-
-
-def passed_all(task_id: str, verdicts_by_task: dict[str, list[Verdict]]) -> bool:
-    found = verdicts_by_task.get(task_id, [])
-    return bool(found) and all(v.passed for v in found)
-
-
-def group_by_task(verdicts: list[Verdict]) -> dict[str, list[Verdict]]:
-    grouped: dict[str, list[Verdict]] = {}
-    for v in verdicts:
-        grouped.setdefault(v.task_id, []).append(v)
-    return grouped
-
-
-def annotate(task: Task, verdicts: list[Verdict]) -> Task:
-    """Copy the key measurements onto the accepted row so a dataset user needn't join."""
-    summary: dict[str, Any] = {}
-    for v in verdicts:
-        if v.stage in ("runtime", "compile", "decontam", "dedup"):
-            summary[v.stage] = v.measures
-        if v.device:
-            summary["device"] = v.device
-        if v.torch_version:
-            summary["torch_version"] = v.torch_version
-    task.meta = {**task.meta, "filters": summary}
-    return task
-
-
 def screen(
     run: RunDir,
     cfg: RunConfig,
@@ -386,34 +339,24 @@ def export(
     accepted: list[Task],
     cap: int | None,
 ) -> dict[str, Any]:
-    """Write the final parquet files; tasks past ``cap`` get an ``over_target`` verdict so
-    even they are accounted for. Returns the manifest fields describing the outcome."""
-    export_verdicts = [
-        Verdict(t.id, "export", False, "over_target", f"target {cap} already met")
-        for t in (accepted[cap:] if cap is not None else [])
-    ]
-    all_verdicts = verdicts + export_verdicts
-    by_task = group_by_task(all_verdicts)
-    exported = [annotate(t, by_task[t.id]) for t in accepted[:cap]]
-    exported_ids = {t.id for t in exported}
-    rejected = [t for t in candidates if t.id not in exported_ids]
-
+    """Write the final parquet files (``opsynth.verdicts.outcome`` decides their rows).
+    Returns the manifest fields describing the outcome."""
+    result = outcome(candidates, verdicts, accepted, cap)
     write_tasks(seeds, run.path("seeds.parquet"))
     write_tasks(candidates, run.path("candidates.parquet"))
-    write_verdicts(all_verdicts, run.path("verdicts.parquet"))
-    write_tasks(exported, run.path("accepted.parquet"))
-    write_tasks(rejected, run.path("rejected.parquet"))
-    complete = cap is None or len(exported) >= cap
+    write_verdicts(result.verdicts, run.path("verdicts.parquet"))
+    write_tasks(result.exported, run.path("accepted.parquet"))
+    write_tasks(result.rejected, run.path("rejected.parquet"))
     return {
-        "status": "complete" if complete else "short",
+        "status": "complete" if result.complete else "short",
         "finished_at": utc_now(),
         "counts": {
             "seeds": len(seeds),
             "candidates": len(candidates),
-            "accepted": len(exported),
-            "rejected": len(rejected),
+            "accepted": len(result.exported),
+            "rejected": len(result.rejected),
         },
-        "funnel": funnel_rows(all_verdicts),
+        "funnel": funnel_rows(result.verdicts),
     }
 
 

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.host_scaling import against_first, main, mean_mhz, parse_args  # noqa: E402
+from benchmarks.host_scaling import against_first, main, mean_mhz, parse_args
 
 
 def test_slowdown_is_against_the_same_workloads_first_phase() -> None:

@@ -214,8 +214,8 @@ def test_sizing_measures_in_the_sandboxed_pool() -> None:
 
 
 def test_sized_tasks_take_their_originals_place_and_history() -> None:
-    from flows.stages import adopt_sized
     from opsynth.record import Verdict
+    from opsynth.verdicts import adopt_sized
 
     a, b, c = task(8), task(16), task(32)
     grown = Task(ops=a.ops, data_source=a.data_source, code=task(64).code, meta={"sizing": {}})

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.gpu_usage import parse_line, summarise  # noqa: E402
-from benchmarks.proc_memory import descendants_rss  # noqa: E402
-from benchmarks.throughput import (  # noqa: E402
+from benchmarks.gpu_usage import parse_line, summarise
+from benchmarks.proc_memory import descendants_rss
+from benchmarks.throughput import (
     final_reasons,
     naive_run,
     naive_seconds_per_task,
@@ -23,10 +21,10 @@ from benchmarks.throughput import (  # noqa: E402
     reused_set,
     stage_times,
 )
-from filters.samples import GOOD  # noqa: E402
-from opsynth.config import FiltersConfig  # noqa: E402
-from opsynth.record import Task, Verdict  # noqa: E402
-from opsynth.store import write_tasks  # noqa: E402
+from filters.samples import GOOD
+from opsynth.config import FiltersConfig
+from opsynth.record import Task, Verdict
+from opsynth.store import write_tasks
 
 
 def test_stage_times_and_final_reasons() -> None:
