@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import io
 import json
 import sys
 import warnings
@@ -29,6 +30,7 @@ from typing import Any
 
 from ast_dedup.source import parse_task_code
 from ast_dedup.tree import Interner
+from opsynth.store import write_bytes_atomic
 
 FORMAT = 1
 HUB_DATASET = "ScalingIntelligence/KernelBench"
@@ -122,16 +124,11 @@ class KernelBenchIndex:
     def save(self, path: Path) -> None:
         """Write gzip'd JSON deterministically (no name or mtime in the gzip header), so
         rebuilding from the same source yields the same bytes."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         blob = json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        with (
-            open(tmp, "wb") as raw,
-            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz,
-        ):
+        raw = io.BytesIO()
+        with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz:
             gz.write(blob)
-        tmp.replace(path)
+        write_bytes_atomic(Path(path), raw.getvalue())
 
     @classmethod
     def load(cls, path: Path | None = None) -> KernelBenchIndex:

@@ -64,29 +64,32 @@ def digest(*parts: Any) -> str:
 
 
 def write_bytes_atomic(path: Path, blob: bytes) -> None:
-    """Write ``blob`` to a temporary name and rename it into place: readers see the old file
-    or the new one, never part of one (report and export files)."""
+    """Write ``blob`` to a temporary name beside ``path``, flush it to disk and rename it into
+    place: readers see the old file or the new one, never part of one, and a crash leaves no
+    half-written file under the real name. The one atomic write every stage uses."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o644)  # documents to share, unlike mkstemp's private default
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(blob)
-    os.replace(tmp, path)
-
-
-def _atomic_write_table(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
-        tagged = table.replace_schema_metadata({b"opsynth_schema": str(SCHEMA_VERSION).encode()})
-        pq.write_table(tagged, tmp)
-        with open(tmp, "rb") as fh:
+        os.fchmod(fd, 0o644)  # documents to share, unlike mkstemp's private default
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(blob)
+            fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def _atomic_write_table(table: pa.Table, path: Path) -> None:
+    tagged = table.replace_schema_metadata({b"opsynth_schema": str(SCHEMA_VERSION).encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(tagged, sink)
+    write_bytes_atomic(path, sink.getvalue().to_pybytes())
 
 
 def write_tasks(tasks: Iterable[Task], path: Path) -> None:
@@ -181,8 +184,5 @@ class RunDir:
             ) from exc
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        path = self.root / "run.json"
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".run.json.", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(manifest, fh, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, path)
+        text = json.dumps(manifest, indent=2, sort_keys=True, default=str)
+        write_text_atomic(self.root / "run.json", text)

@@ -21,7 +21,7 @@ from typing import Any
 from opsynth.config import SeedsConfig
 from opsynth.record import Verdict
 from opsynth.refdata import OPS6K, shared_file
-from opsynth.store import digest, write_tasks, write_verdicts
+from opsynth.store import digest, write_tasks, write_text_atomic, write_verdicts
 from synth.catalog.coverage import coverage
 from synth.catalog.extract import Extraction, extract
 
@@ -61,12 +61,6 @@ def summary(extraction: Extraction) -> dict[str, Any]:
     return out
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_catalogue(out: Path, extraction: Extraction, reference: Path | None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     write_tasks(extraction.tasks, out / "seeds.parquet")
@@ -75,12 +69,12 @@ def write_catalogue(out: Path, extraction: Extraction, reference: Path | None) -
     writer = csv.DictWriter(buffer, fieldnames=["library", "reason", "count", "examples"])
     writer.writeheader()
     writer.writerows(reason_rows(extraction.verdicts))
-    _atomic_text(out / "reasons.csv", buffer.getvalue())
+    write_text_atomic(out / "reasons.csv", buffer.getvalue())
     result = {"libraries": summary(extraction)}
     if reference is not None:
         result["coverage"] = coverage(extraction.tasks, extraction.verdicts, reference)
-        _atomic_text(out / "coverage.json", json.dumps(result["coverage"], indent=2))
-    _atomic_text(out / "summary.json", json.dumps(result["libraries"], indent=2))
+        write_text_atomic(out / "coverage.json", json.dumps(result["coverage"], indent=2))
+    write_text_atomic(out / "summary.json", json.dumps(result["libraries"], indent=2))
     return result
 
 
