@@ -16,11 +16,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from filters.audit import audit_tasks, load_task_set
+from filters.audit import audit_tasks
 from opsynth.config import FiltersConfig
 from opsynth.funnel import funnel
 from opsynth.store import write_verdicts
-from opsynth.tasksets import load_kernelbench
+from opsynth.tasksets import load_kernelbench, load_task_set
 
 
 def report(name: str, tasks, result, seconds: float, out: Path) -> dict:

@@ -39,12 +39,12 @@ from typing import Any
 from benchmarks.cpu_usage import CpuSampler
 from benchmarks.gpu_usage import GpuSampler
 from benchmarks.proc_memory import MemorySampler
-from filters.audit import audit_tasks, load_task_set
+from filters.audit import audit_tasks
 from filters.pool import WorkerPool, check_settings, host_cores, resolve_device
 from opsynth.config import ComposeConfig, FiltersConfig, SeedsConfig, SizingConfig
 from opsynth.record import Task, Verdict
 from opsynth.store import write_tasks, write_verdicts
-from opsynth.tasksets import load_kernelbench
+from opsynth.tasksets import load_kernelbench, load_task_set
 from opsynth.verdicts import group_by_task
 
 NAIVE = Path(__file__).resolve().parent / "naive_candidate.py"

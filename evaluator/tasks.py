@@ -20,20 +20,13 @@ _MODEL_CLASS = re.compile(r"^class Model\(", re.MULTILINE)
 
 
 def load_tasks(path: Path, levels: Sequence[int] | None = None) -> list[Task]:
-    from opsynth.tasksets import load_kernelbench
+    """The tasks to score (``opsynth.tasksets.load_task_file``), a bad file as SolutionError."""
+    from opsynth.tasksets import TaskSetError, load_task_file
 
-    path = Path(path)
-    if not path.is_file():
-        raise SolutionError(f"--tasks {path}: no such file")
-    if path.suffix == ".py":
-        return [Task(ops=[path.stem], data_source="file", code=path.read_text())]
-    if path.suffix == ".jsonl":
-        return load_kernelbench(path, levels or None)
-    if path.suffix == ".parquet":
-        from filters.audit import load_task_set
-
-        return load_task_set(path)
-    raise SolutionError(f"--tasks {path}: expected a .py task, a KernelBench .jsonl or a .parquet")
+    try:
+        return load_task_file(path, levels)
+    except TaskSetError as exc:
+        raise SolutionError(f"--tasks {exc}") from None
 
 
 def task_key(task: Task) -> str:

@@ -1,47 +1,20 @@
 """Audit core: run a task set (e.g. the released Ops-6K) through every filter.
 
-``load_task_set`` reads any Ops-6K-shaped parquet (columns ``ops`` as a JSON list string,
-``data_source``, ``code``; the released transformers rows hold a bare module name in ``ops``,
-read as a one-element list; opsynth task files with more columns load too). ``audit_tasks``
-runs the static check, then the sandboxed execution stages, and returns a ``StepResult``:
-kept and dropped tasks, every verdict row, and counts ``input``, ``kept`` and
-``dropped_<reason>``. The CLI wiring lives elsewhere.
+``audit_tasks`` runs the static check, then the sandboxed execution stages, and returns a
+``StepResult``: kept and dropped tasks, every verdict row, and counts ``input``, ``kept`` and
+``dropped_<reason>``. Task sets are read by ``opsynth.tasksets``; the CLI wiring lives
+elsewhere.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
 from filters.pool import Progress, WorkerPool
 from filters.static_check import StaticCheck
 from opsynth.config import FiltersConfig
-from opsynth.profile import ops_list
 from opsynth.record import Task
 from opsynth.stage import StepResult, apply_filters
-
-REQUIRED_COLUMNS = ("ops", "data_source", "code")
-
-
-def load_task_set(path: str | Path) -> list[Task]:
-    """Tasks from a parquet file; the row index and file name go into ``meta``."""
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    table = pq.read_table(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
-    if missing:
-        raise ValueError(
-            f"{path} lacks column(s) {', '.join(missing)}; expected {REQUIRED_COLUMNS}"
-        )
-    tasks = []
-    for index, row in enumerate(table.to_pylist()):
-        row["ops"] = json.dumps(ops_list(row["ops"]))
-        if not row.get("meta"):
-            row["meta"] = json.dumps({"source": path.name, "row": index})
-        tasks.append(Task.from_row(row))
-    return tasks
 
 
 def audit_tasks(

@@ -13,12 +13,16 @@ class AuditInputError(ValueError):
 
 
 def load_input(source: str) -> list[Task]:
-    """A local parquet file, or a Hugging Face Hub dataset id (needs network)."""
-    from filters.audit import load_task_set
+    """A local task set (``opsynth.tasksets.load_task_file``), or a Hugging Face Hub dataset
+    id (needs network)."""
+    from opsynth.tasksets import TaskSetError, load_task_file
 
     path = Path(source)
     if path.exists():
-        return load_task_set(path)
+        try:
+            return load_task_file(path)
+        except TaskSetError as exc:
+            raise AuditInputError(f"--input {exc}") from None
     if source.count("/") != 1 or source.endswith(".parquet"):
         raise AuditInputError(f"--input {source}: no such file and not a Hub dataset id ORG/NAME")
     try:
