@@ -4,7 +4,8 @@ Runs in the worker (``filters.harness.FILTERS.judge``) after the candidate's own
 passed, against the same process, which now only answers requests (``filters.serve``). The
 candidate's rows are its own account; this stage (``verify``) is the verdict that does not
 depend on it: with seeds drawn here and outputs handed over as samples (``filters.judge``),
-it rejects outputs that are not finite, constant, zeros (``trivial_answer``), different on a
+it rejects outputs that are empty or not finite, inputs changed in place by the forward
+(``input_mutated``), outputs that are constant, zeros (``trivial_answer``), different on a
 repeat (``nondeterministic``) or under another RNG state (``random``), the same for another
 input draw (``indistinguishable``), compiled outputs off eager (``compile_mismatch``), and an
 eager forward outside the runtime window by this process's clock (``too_fast``/``too_slow``).
@@ -47,16 +48,26 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     overhead = statistics.median([peer.request("ping")[1] for _ in range(PINGS)])
     first, second, positions = j.seed(), j.seed(), j.seed()
 
+    def inputs(seed: int) -> list[j.Output]:
+        """The drawn inputs' sample (a task without a tensor input is refused here)."""
+        return j.parse_sample(peer.request("sample", seed=seed, of="inputs")[0])
+
     def outputs(which: str = "eager", rng: int = RNG) -> list[j.Output]:
         peer.request("run", which=which, rng=rng)
         return j.parse_sample(peer.request("sample", seed=positions)[0])
 
     peer.request("draw", seed=first)
+    given = inputs(positions)
     base = outputs()
     measures: dict[str, Any] = {"sampled_outputs": len(base), "overhead_ms": overhead * 1e3}
+    empty = next((i for i, out in enumerate(base) if out.numel == 0), -1)
+    if empty >= 0:
+        return "bad_output", f"output {empty} is empty (shape {base[empty].shape})", measures
     bad = j.nonfinite(base)
     if bad >= 0:
         return "nonfinite_output", f"output {bad} holds NaN or Inf", measures
+    if j.mismatch(given, inputs(positions), 0.0, 0.0)[0]:
+        return "input_mutated", "the forward changed its inputs in place", measures
     distinct = float(s.get("distinct_rtol", 1e-3))
     index, spread, scale = j.constant(base, distinct)
     if index >= 0:

@@ -125,6 +125,17 @@ def forgeries() -> list[Hostile]:
             stage="verify",
         ),
         Hostile(
+            "mutates_its_input_behind_patched_checks",
+            t(
+                "x.mul_(2.0)\n        return x * 1.5",
+                header=PATCH_CHECKS + "checks._same = lambda *a: True\n"
+                "checks.all_close = lambda *a, **k: True\n"
+                "checks.max_abs_diff = lambda *a, **k: 0.0\n",
+            ),
+            "input_mutated",
+            stage="verify",
+        ),
+        Hostile(
             "forged_rows_for_every_stage",
             t("return torch.zeros_like(x)", header=FORGE_ROWS),
             "protocol_violation",
