@@ -11,10 +11,12 @@ input draw (``indistinguishable``), compiled outputs off eager (``compile_mismat
 eager forward outside the runtime window by this process's clock (``too_fast``/``too_slow``).
 
 What it cannot see: the values a candidate hands over are what its process computed under
-this harness, and its timed forwards have no reference to prove them against (the evaluator's
-have: ``filters.serve.proof_sum``), so a candidate that patches its own serving loop to reply
-before the device has finished can look faster than it is here (ARCHITECTURE.md, "Judged
-verdicts"). Standard library only.
+this harness. Its timed forwards have no reference to prove them against (the evaluator's
+have: ``filters.serve.proof_sum``), so the upper edge of the window is checked on the forward
+plus the sample that follows it, which cannot answer before the output is whole: a candidate
+that replies to the forward early still pays for the work in the sample. The lower edge is
+checked on the forward alone: replying early can only make a candidate look too fast, and time
+spent to look slower is real time under the harness. Standard library only.
 """
 
 from __future__ import annotations
@@ -112,18 +114,26 @@ def _window(
     lo, hi = (float(x) for x in s.get("window_ms", (0.0, float("inf"))))
     factor = float(s.get("speed_factor", 1.0))
     peer.request("run", which="eager")  # warm after the compiled run
-    times = []
+    runs, cycles = [], []
     peer.request("lock")
     try:
         for _ in range(TIMED_RUNS):
             peer.request("flush")
-            times.append(peer.request("run", which="eager")[1])
+            ran = peer.request("run", which="eager")[1]
+            sampled = peer.request("sample", seed=j.seed())[1]
+            runs.append(ran)
+            cycles.append(ran + sampled)
     finally:
         peer.request("unlock")
-    ms = max(0.0, statistics.median(times) - overhead) * 1e3 * factor
-    measures.update(judged_ms=round(ms, 6), judged_runs=len(times))
+    # The forward's request alone for the lower edge; with the sample that follows it (which
+    # cannot answer before the output is whole) for the upper one, so work deferred past the
+    # forward's reply still counts against too_slow.
+    ms = max(0.0, statistics.median(runs) - overhead) * 1e3 * factor
+    upper = max(0.0, statistics.median(cycles) - overhead) * 1e3 * factor
+    measures.update(judged_ms=round(ms, 6), judged_upper_ms=round(upper, 6), judged_runs=len(runs))
     if ms < lo * (1 - EDGE_TOLERANCE):
         return "too_fast", f"{ms:.4g} ms by the worker's clock < {lo} ms", measures
-    if ms > hi * (1 + EDGE_TOLERANCE):
-        return "too_slow", f"{ms:.4g} ms by the worker's clock > {hi} ms", measures
+    if upper > hi * (1 + EDGE_TOLERANCE):
+        detail = f"{upper:.4g} ms by the worker's clock (with its output's sample) > {hi} ms"
+        return "too_slow", detail, measures
     return "ok", "", measures

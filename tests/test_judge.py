@@ -306,6 +306,23 @@ TOO_FAST = task_source(
 )
 
 
+# 50 ms of work per forward, its own clock claiming 10, and its serving loop replying to each
+# forward at once and doing the work when the sample is asked for.
+DEFERS_ITS_WORK = task_source(
+    "time.sleep(0.05)\n        return x * 2.0",
+    header="import itertools, time\nimport filters.serve as _serve\n"
+    "_ticks, _base = itertools.count(), time.perf_counter()\n"
+    "time.perf_counter = lambda: _base + next(_ticks) * 0.01\n"
+    "_run, _sample = _serve.Runner.run, _serve.Runner.sample\n"
+    "def _early(self, request):\n    self.pending = request\n    return {}\n"
+    "def _late(self, request):\n"
+    "    if getattr(self, 'pending', None) is not None:\n"
+    "        _run(self, self.pending)\n        self.pending = None\n"
+    "    return _sample(self, request)\n"
+    "_serve.Runner.run, _serve.Runner.sample = _early, _late\n",
+)
+
+
 @pytest.fixture(scope="module")
 def judged() -> tuple[dict[str, Any], dict[str, Any]]:
     """Every solution above scored through the judge on one sandboxed pool (strict guards off
@@ -316,11 +333,13 @@ def judged() -> tuple[dict[str, Any], dict[str, Any]]:
     pairs = {name: Solution(name, code) for name, (code, _, _) in SOLUTIONS.items()}
     jobs = [Job(name, TASK, pair.files()) for name, pair in pairs.items()]
     fast = Task(ops=["too_fast"], data_source="torch#1", code=TOO_FAST)
+    slow = Task(ops=["defers_its_work"], data_source="torch#1", code=DEFERS_ITS_WORK)
     with WorkerPool(filters, "cpu") as pool:
         rows = pool.run_harness(jobs, "evaluator", harness_settings(cfg))
         filtered = pool.wait(pool.submit([fast], overrides={"window_ms": [5.0, 60000.0]}))
+        deferred = pool.wait(pool.submit([slow], overrides={"window_ms": [0.0, 20.0]}))
     scores = {name: score_of(task(), pairs[name], rows[name], cfg) for name in pairs}
-    return scores, filtered[fast.id]
+    return scores, filtered[fast.id], deferred[slow.id]
 
 
 @pytest.mark.parametrize("name", list(SOLUTIONS))
@@ -346,3 +365,13 @@ def test_a_task_whose_clock_lies_is_too_fast_by_the_workers_clock(judged: Any) -
     assert runtime.passed and runtime.measures["eager_ms_median"] >= 5.0  # its own claim
     assert (rows[-1].stage, rows[-1].reason) == ("verify", "too_fast"), rows[-1].detail
     assert rows[-1].measures["judged_ms"] < 4.5
+
+
+def test_a_task_that_replies_before_its_work_is_too_slow_by_the_workers_clock(judged) -> None:
+    """Its own clock claims 10 ms and its forward's reply comes at once; the work (50 ms) is
+    done when the sample is asked for, and the upper edge counts that sample."""
+    rows = judged[2]
+    runtime = next(v for v in rows if v.stage == "runtime")
+    assert runtime.passed and runtime.measures["eager_ms_median"] <= 20.0  # its own claim
+    assert (rows[-1].stage, rows[-1].reason) == ("verify", "too_slow"), rows[-1].detail
+    assert rows[-1].measures["judged_ms"] < 20.0 <= rows[-1].measures["judged_upper_ms"]
