@@ -139,12 +139,8 @@ def seal(path: str) -> None:
     os.chown(path, uid, gid)
     os.chmod(path, 0o755)
     with open(os.path.join(path, COMPLETE), "w") as fh:
-        fh.write(fingerprint_note())
+        fh.write(f"python {sys.version.split()[0]} on {platform.machine()}\n")
     os.chmod(os.path.join(path, COMPLETE), 0o444)
-
-
-def fingerprint_note() -> str:
-    return f"python {sys.version.split()[0]} on {platform.machine()}\n"
 
 
 # ----------------------------------------------------------------------- sandbox side

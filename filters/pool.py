@@ -393,7 +393,7 @@ class WorkerPool:
 
     def _shared_dirs(self, kind: str) -> None:
         """The GPU lock dir the workers of ``kind`` share, owned by the uid the sandbox runs
-        as, and the trusted compile-cache layer they read (until it is warmed, an empty one).
+        as, and (until ``_trusted_layer``) an empty compile-cache layer for the probe.
         Made once per kind: the probe already made the ones its workers use."""
         if self._dirs_for == kind:
             return
@@ -406,18 +406,18 @@ class WorkerPool:
             locks = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{self._identity.uid}")
         privilege.owned_dir(locks, self._identity)
         self._lock_dir = locks
-        if not self._paths_cache:
-            base = self.cfg.cache_dir or default_cache_dir()
-            layer = compile_cache.layer_dir(base, self.device)
-            complete = compile_cache.is_complete(layer)
-            self._paths_cache = layer if complete else compile_cache.empty_dir(base)
+        if not self._paths_cache:  # the probe reads no cache; the layer comes after it
+            self._paths_cache = compile_cache.empty_dir(self._cache_base)
+
+    @property
+    def _cache_base(self) -> str:
+        return self.cfg.cache_dir or default_cache_dir()
 
     def _trusted_layer(self) -> None:
         """Build the trusted compile-cache layer for this device and library versions if the
         host has none yet (``filters.compile_cache``): a sandboxed warm-up of opsynth's own
         compiles, before any candidate runs. Without it candidates still compile, slower."""
         began = time.monotonic()
-        base = self.cfg.cache_dir or default_cache_dir()
         assert self._root is not None
         workdir = os.path.join(self._root, "warm-up")
         os.makedirs(workdir, exist_ok=True)
@@ -436,7 +436,9 @@ class WorkerPool:
         def prepare(staging: str) -> None:
             privilege.owned_dir(staging, self._identity)
 
-        self._paths_cache, problem = compile_cache.ensure_layer(base, self.device, warm, prepare)
+        self._paths_cache, problem = compile_cache.ensure_layer(
+            self._cache_base, self.device, warm, prepare
+        )
         if problem:
             log.warning("no trusted compile cache (%s); candidates compile without one", problem)
         self.stats["compile_cache"] = f"empty: {problem}" if problem else "trusted"
