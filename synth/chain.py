@@ -124,6 +124,11 @@ def _tensor_paths(out: Any, prefix: tuple[int, ...]):
             yield from _tensor_paths(item, (*prefix, i))
 
 
+def layout(out: Any) -> tuple[tuple[int, ...], ...]:
+    """Where the tensors sit in an output: a tensor's is ``((),)``, a pair's ``((0,), (1,))``."""
+    return tuple(path for path, _ in _tensor_paths(out, ()))
+
+
 def tensors_in(out: Any) -> list[torch.Tensor]:
     return [t for _, t in _tensor_paths(out, ())]
 

@@ -22,7 +22,16 @@ from opsynth.config import ComposeConfig
 from synth.catalog.probe import build, make_tensor
 from synth.catalog.rebind import main_index, rebind
 from synth.catalog.spec import CatalogSpec, InputSpec
-from synth.chain import Chain, Link, call_link, continuation, expanded, follow, tensors_in
+from synth.chain import (
+    Chain,
+    Link,
+    call_link,
+    continuation,
+    expanded,
+    follow,
+    layout,
+    tensors_in,
+)
 from synth.cost import Cost, cost_of, counting, total
 from synth.degenerate import Degenerate, is_dropout
 
@@ -57,6 +66,10 @@ VARIED: dict[str, str | tuple[Any, ...]] = {
 # the catalogue records only required arguments, so the default mean would otherwise end the
 # chain, and a mean over a sized batch barely differs between inputs (indistinguishable).
 UNREDUCED = ("reduction", "none")
+# An operator that splits along its default dim 0 (``unbind``) splits the batch: the task would
+# have as many outputs as its batch, which sizing grows into the thousands. It is tried along
+# dim 1 instead, as the released set writes it; the replay refuses any that still follows it.
+ALONG_DIM_1 = ("dim", 1)
 # Dropout is composed with p=0: an identity, as the released set keeps it, and deterministic.
 NO_DROP = ("p", 0.0)
 DTYPES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
@@ -104,6 +117,9 @@ class _Choice:
     index: int
     varied: tuple[tuple[str, Any], ...]
     pick: tuple[int, ...]
+    # where the output's tensors sit: a task whose number of outputs follows the batch
+    # (``unbind`` along it) cannot be resized, and sizing would give it thousands
+    layout: tuple[tuple[int, ...], ...] = ()
 
 
 def _vary(spec: CatalogSpec, varied: Sequence[tuple[str, Any]]) -> CatalogSpec:
@@ -364,12 +380,21 @@ class Solver:
                         following = follow(out, path)
                     except Degenerate:
                         varied = varied[:-1]  # takes no reduction: stays a scalar
+                if _splits_the_batch(out, target) and ALONG_DIM_1[0] not in dict(varied):
+                    try:
+                        retried = self._attempt(state, base, main, key, (*varied, ALONG_DIM_1))
+                        link, trial, out, cost = retried
+                        varied = (*varied, ALONG_DIM_1)
+                        path = continuation(out)
+                        following = follow(out, path)
+                    except Degenerate:
+                        pass  # the replay at another batch refuses it
                 if following.dim() == 0 and position < k - 1:
                     last = Degenerate("scalar", f"{seed.spec.name} leaves a scalar mid-chain")
                     continue
                 state.taken.update(n for n in link.inputs if n)
                 state.links.append(replace(link, pick=path))
-                state.choices.append(_Choice(index, varied, path))
+                state.choices.append(_Choice(index, varied, path, layout(out)))
                 state.costs.append(cost)
                 state.inputs, state.running = trial, following
                 return
@@ -401,6 +426,8 @@ class Solver:
             inputs = {**inputs, **_meta_inputs([link])}
             key = (seed.id, position == 0, target, dtype, choice.index, choice.varied)
             out, _ = self._propagate(key, link, running, inputs)
+            if layout(out) != choice.layout:
+                raise Degenerate("batch", f"{seed.spec.name}: its output count follows the batch")
             try:
                 running = follow(out, choice.pick)
             except (IndexError, TypeError) as exc:
@@ -409,6 +436,16 @@ class Solver:
                 ) from exc
             links.append(link)
         return links
+
+
+def _splits_the_batch(out: Any, target: tuple[int, ...]) -> bool:
+    """Whether ``out`` is a sequence of one tensor per row of a batched running tensor."""
+    return (
+        isinstance(out, tuple | list)
+        and len(target) > 1
+        and len(out) == target[0]
+        and all(isinstance(t, torch.Tensor) and tuple(t.shape) == target[1:] for t in out)
+    )
 
 
 def _with_batch(shape: tuple[int, ...], batch: int) -> tuple[int, ...]:

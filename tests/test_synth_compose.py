@@ -409,6 +409,23 @@ def test_a_tuple_output_is_returned_whole(catalogue_seeds, op, parts):
         assert len(flat(out)) == parts
 
 
+def test_a_task_whose_number_of_outputs_follows_the_batch_is_never_composed():
+    """``unbind`` along the batch would give a task as many outputs as its batch, and sizing
+    grows the batch into the thousands: only the non-batch dims are unbound."""
+    from synth.catalog.extract import seeds_in_process
+
+    seeds = seeds_in_process(["torch.unbind", "torch.relu"])
+    cfg = only(seeds, "torch.unbind", tuple_output_share=1.0, mix={"torch#1": 1.0})
+    tasks = compose(seeds, cfg, n=4)
+    for task in tasks:
+        assert task.meta["returns_tuple"], task.code
+        out, _ = run_task(task)
+        code, count = re.subn(r"^scale = 1\b", "scale = 2", task.code, flags=re.M)
+        assert count == 1
+        doubled, _ = run_task(task, code)
+        assert len(flat(doubled)) == len(flat(out)), task.code
+
+
 def test_a_chained_loss_compares_the_running_tensor_with_a_target(catalogue_seeds):
     """A loss is composed unreduced (``reduction='none'``): a mean over a sized batch barely
     differs between inputs, and an unreduced loss can sit mid-chain. Every loss link compares
