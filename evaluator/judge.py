@@ -13,6 +13,12 @@ Per (task, solution) pair (``evaluator.runner`` serves the other side):
    so a call whose work was skipped, replayed or memoised fails unless its output happens to
    lie within tolerance of the right one everywhere the sample looks. Inputs must come back
    untouched, and a repeat on the same inputs must agree.
+   On the GPU one more forward runs under the profiler, in the solution's process, and the
+   names of the kernels it launched come back (``evaluator.kernels``): in strict mode a
+   kernel of ATen's own compute (reached through ``at::`` calls in the extension, which the
+   Python-level guard cannot see) refuses the solution (``aten_compute``). The trace is the
+   solution process's report, so a solution that forges it is not caught here: it catches
+   the fallbacks that do not hide.
 3. **Timing** is by this process's clock: each timed call is four requests (draw, L2 flush,
    forward, sample), and its time is the forward's request. That request's reply carries a
    weighted sum of every output element with weights from a seed sent with it
@@ -34,6 +40,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, NamedTuple
 
+from evaluator.kernels import parse_kernels, torch_compute
 from filters import judge as j
 
 BUILD, CORRECTNESS, TIMING = "build", "correctness", "timing"
@@ -71,9 +78,10 @@ def judge(ctx: j.JudgeContext) -> None:
     ctx.end(ctx.peer)
     solution = ctx.spawn(role="solution")
     atol, rtol = float(s.get("atol", 1e-2)), float(s.get("rtol", 1e-2))
+    strict = bool(s.get("strict", True))
     for stage, check in (
         (BUILD, lambda: solution.request("load")[0]),
-        (CORRECTNESS, lambda: _correctness(solution, reference, trials, atol, rtol)),
+        (CORRECTNESS, lambda: _correctness(solution, reference, trials, atol, rtol, strict)),
         (TIMING, lambda: _timing(solution, reference, calls, warmup, atol, rtol, timed)),
     ):
         ctx.stage(stage)
@@ -166,7 +174,12 @@ def _cycles(
 
 
 def _correctness(
-    peer: j.Peer, ref: Reference, trials: list[tuple[int, int]], atol: float, rtol: float
+    peer: j.Peer,
+    ref: Reference,
+    trials: list[tuple[int, int]],
+    atol: float,
+    rtol: float,
+    strict: bool,
 ) -> dict[str, Any]:
     worst = 0.0
     for n, (draw, positions) in enumerate(trials):
@@ -186,11 +199,20 @@ def _correctness(
         if why:
             raise Failed("unstable_output", f"trial {n}, two runs on the same inputs: {why}")
     guard = peer.request("guard")[0]
+    traced = parse_kernels(peer.request("kernels")[0])
+    if traced is None:
+        raise j.PeerFailure("protocol_violation", "kernels: not a short list of short names")
+    aten = torch_compute(traced)
+    if aten and strict:
+        raise Failed("aten_compute", f"{len(aten)} ATen kernels, first {aten[0][:300]}")
     return {
         "trials": len(trials),
         "max_abs_diff": worst,
         "functional_calls": _count(guard.get("functional_calls")),
         "torch_compute_calls": _count(guard.get("torch_compute_calls")),
+        "traced_kernels": len(traced),
+        "aten_kernels": len(aten),
+        "aten_kernel_names": [name[:300] for name in aten[:5]],
         "judged": True,
     }
 

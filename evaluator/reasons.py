@@ -16,6 +16,8 @@ EVALUATION: dict[str, str] = {
     "incorrect": "ModelNew's outputs differ from Model's beyond atol/rtol, or in structure",
     "functional_call": "ModelNew called a torch.nn.functional function (blocked)",
     "torch_compute": "ModelNew.forward ran torch compute ops from Python (a fallback)",
+    "aten_compute": "ModelNew's forward launched PyTorch's own (ATen) compute kernels, e.g. "
+    "through at:: calls in its extension (the profiler's trace of one forward)",
     "not_a_tensor": "ModelNew returned a tensor subclass or a non-tensor",
     "unstable_output": "two runs on the same inputs differ (uninitialised memory?)",
     "replayed_output": "a timed call's output does not match the reference on its inputs",

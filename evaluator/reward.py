@@ -64,6 +64,7 @@ def flags_for(
     review: float,
     torch_compute_calls: int,
     functional_calls: int,
+    aten_kernels: int = 0,
 ) -> list[str]:
     flags = []
     if max(speedup_eager or 0, speedup_compile or 0) > review:
@@ -72,6 +73,8 @@ def flags_for(
         flags.append("torch_compute_in_forward")
     if functional_calls:
         flags.append("functional_in_forward")
+    if aten_kernels:
+        flags.append("aten_compute_in_forward")
     return flags
 
 
@@ -82,6 +85,8 @@ FLAG_MEANINGS = {
     "torch_compute_in_forward": "ModelNew.forward ran torch compute ops from Python "
     "(a fallback, not a kernel; refused in strict mode)",
     "functional_in_forward": "ModelNew.forward called torch.nn.functional (refused in strict mode)",
+    "aten_compute_in_forward": "ModelNew's forward launched ATen compute kernels, seen by the "
+    "profiler (PyTorch doing the work, not the solution's kernels; refused in strict mode)",
 }
 
 

@@ -30,6 +30,7 @@ from evaluator.harness import (
     load_task,
     stage_build,
 )
+from evaluator.kernels import COUNT_LIMIT, NAME_LIMIT
 from filters.checks import compile_locked
 from filters.serve import Refusal, Runner
 
@@ -55,6 +56,7 @@ def serve_role(workdir: str, settings: dict[str, Any], emit: Any) -> Any:
         forwards["new_timed"] = lambda xs, rng: _flatten(session.run_new(xs, strict), "ModelNew")
         handlers["load"] = lambda request: _load_solution(session)
         handlers["guard"] = lambda request: _guard_counts(session)
+        handlers["kernels"] = lambda request: _kernels(session, runner)
     else:
         compiled: dict[str, Any] = {}
         forwards["eager"] = lambda xs, rng: _flatten(session.run_ref(xs), "Model")
@@ -91,6 +93,23 @@ def _compile(s: Session, runner: Runner, compiled: dict[str, Any]) -> dict[str, 
         compiled["fn"](*runner.inputs)
     s.sync()
     return {"compile_s": round(time.perf_counter() - start, 3)}
+
+
+def _kernels(s: Session, runner: Runner) -> dict[str, Any]:
+    """The names of the GPU kernels one forward on the drawn inputs launches, as the profiler
+    saw them (``evaluator.kernels`` classifies them in the judge); none off the GPU."""
+    if not s.cuda:
+        return {"kernels": []}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        s.run_new(runner.inputs)
+        s.sync()
+    events = trace.events()
+    names = dict.fromkeys(
+        e.name[:NAME_LIMIT] for e in events if str(e.device_type).endswith("CUDA")
+    )
+    return {"kernels": list(names)[:COUNT_LIMIT]}
 
 
 def _guard_counts(s: Session) -> dict[str, Any]:

@@ -114,6 +114,7 @@ def score_of(
         cfg.review_speedup,
         int(measures.get("torch_compute_calls") or 0),
         int(measures.get("functional_calls") or 0),
+        int(measures.get("aten_kernels") or 0),
     )
     value = reward(correct, score.speedup_eager, score.speedup_compile, cfg.margin)
     return dataclasses.replace(score, reward=value, flags=flags)

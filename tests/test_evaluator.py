@@ -116,3 +116,50 @@ def test_runtime_guards_catch_what_static_checks_allow() -> None:
     scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu")
     for score, (name, (_, reason)) in zip(scores, RUNTIME_HACKS.items(), strict=True):
         assert (score.reward, score.reason) == (-1, reason), (name, score.detail)
+
+
+# Kernel names as the profiler reports them (demangled), one of each kind.
+OWN = "void bias_mish_vec4(float4*, float const*, long, long, long, float)"
+OWN_TEMPLATE = "void my_kernel<c10::Half, at::native::Foo>(c10::Half*, long)"
+CUBLAS = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_warpgroupsize1x1x1_execute"
+CUDNN = "void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true>(cudnn::ops::x)"
+CUTLASS = "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)"
+COPY = (
+    "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<"
+    "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>(int)"
+)
+FILL = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)"
+ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)"
+SOFTMAX = "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, false>(x)"
+MISH = "void at::native::(anonymous namespace)::mish_kernel_cuda<float>(at::TensorIteratorBase&)"
+INDUCTOR = "triton_poi_fused_add_mul_relu_0"
+CUB = "void at_cuda_detail::cub::DeviceReduceKernel<float>(float*)"
+
+
+def test_the_trace_names_atens_compute_and_nothing_else() -> None:
+    from evaluator.kernels import function_name, torch_compute
+
+    allowed = [OWN, OWN_TEMPLATE, CUBLAS, CUDNN, CUTLASS, COPY, FILL, "Memcpy DtoD (Device)"]
+    compute = [ADD, SOFTMAX, MISH, INDUCTOR, CUB]
+    assert torch_compute(allowed) == []
+    assert torch_compute([*allowed, *compute, ADD]) == compute
+    assert function_name(MISH) == "at::native::{anon}::mish_kernel_cuda"
+    assert function_name(OWN_TEMPLATE) == "my_kernel"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [{}, {"kernels": "x"}, {"kernels": [1]}, {"kernels": ["x" * 513]}, {"kernels": ["k"] * 257}],
+)
+def test_a_malformed_trace_is_refused(reply: dict) -> None:
+    from evaluator.kernels import parse_kernels
+
+    assert parse_kernels(reply) is None
+    assert parse_kernels({"kernels": [OWN, ADD]}) == [OWN, ADD]
+
+
+def test_aten_kernels_in_lenient_mode_are_flagged_and_explained() -> None:
+    flagged = flags_for(1.0, 1.0, 10.0, 0, 0, aten_kernels=3)
+    assert flagged == ["aten_compute_in_forward"]
+    [line] = explain_flags([Score("a", "s", 1, True, "ok", flags=flagged)])
+    assert "ATen" in line

@@ -1,6 +1,7 @@
 """The evaluator on a GPU: the harness scores a task's own Model 1 (it is not faster than
-itself), and an honest fused CUDA kernel for a memory-bound KernelBench level-2 problem beats
-eager PyTorch (reward >= 2)."""
+itself), an honest fused CUDA kernel for a memory-bound KernelBench level-2 problem beats
+eager PyTorch (reward >= 2) with no ATen compute in its trace, and the same problem done by
+ATen from C++ is refused by the profiler's trace (``aten_compute``)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def test_reference_scores_1_on_the_gpu(reference_scored) -> None:
     for task, score, measures in zip(tasks, scores, timing, strict=True):
         print(task.meta["name"], score.to_dict(), measures)
         assert score.correct and score.reward == 1, score
+        assert "aten_compute_in_forward" in score.flags, "lenient: ATen's kernels only flag"
         # the forward request alone, timed by the judge's clock in two processes, agrees
         eager, solution = (measures[k][2] for k in ("eager_parts_ms", "solution_parts_ms"))
         assert 0.9 < eager / solution < 1.1
@@ -73,3 +75,17 @@ def test_honest_fused_kernel_beats_eager() -> None:
     print(score.to_dict())
     assert score.correct and score.flags == [], score
     assert score.reward >= 2, score
+    correctness = next(v for v in verdicts if v.stage == "correctness")
+    assert correctness.measures["traced_kernels"] >= 2, "the conv and the fused kernel"
+    assert correctness.measures["aten_kernels"] == 0, correctness.measures
+
+
+def test_aten_compute_called_from_cpp_is_refused_by_the_trace() -> None:
+    [task] = level2(87)
+    solution = load_solution(SOLUTIONS / "l2_87_aten")
+    scores, verdicts = score_pairs([(task, solution)], EvalConfig(), filters(), "cuda")
+    for v in verdicts:
+        print(v.stage, v.reason, v.detail[:300], v.measures)
+    [score] = scores
+    assert (score.reward, score.reason) == (-1, "aten_compute"), score
+    assert "at::native" in score.detail, score.detail

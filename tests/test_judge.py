@@ -225,6 +225,18 @@ def _defer():
             return
 _defer()
 """
+# Answers the judge's ``kernels`` request (the profiler's trace of one forward) itself.
+TRACE = """
+import gc
+def _trace(names):
+    for obj in gc.get_objects():
+        if isinstance(obj, dict) and {{'kernels', 'sample', 'ping'}} <= set(obj):
+            obj['kernels'] = lambda request: {{'kernels': names}}
+_trace({names!r})
+"""
+ATEN_ADD = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)"
+)
 FROZEN_CLOCK = "\nimport time\ntime.perf_counter = lambda: 1.0\ntime.monotonic = lambda: 1.0\n"
 COMPUTE = "torch.relu(x) * self.scale + x"
 # name -> (ModelNew source, reward, reason); reward 1 = correct (CPU timing noise may make a
@@ -270,6 +282,16 @@ SOLUTIONS: dict[str, tuple[str, int, str]] = {
         "protocol_violation",
     ),
     "frozen_clock": (model_new(f"return {COMPUTE}", header=FROZEN_CLOCK), 1, "ok"),
+    "forges_a_malformed_trace": (
+        model_new(f"return {COMPUTE}", header=TRACE.format(names=["k"] * 300)),
+        -1,
+        "protocol_violation",
+    ),
+    "traces_aten_compute": (
+        model_new(f"return {COMPUTE}", header=TRACE.format(names=[ATEN_ADD])),
+        1,
+        "ok",
+    ),
     "replies_before_its_forward": (
         model_new(f"return {COMPUTE}", header=DEFER),
         -1,
@@ -323,6 +345,12 @@ DEFERS_ITS_WORK = task_source(
 )
 
 
+HIDES_COMPUTE = model_new(
+    f"with torch._C.DisableTorchFunction():\n            return {COMPUTE}",
+    header=TRACE.format(names=[ATEN_ADD]),
+)
+
+
 @pytest.fixture(scope="module")
 def judged() -> tuple[dict[str, Any], dict[str, Any]]:
     """Every solution above scored through the judge on one sandboxed pool (strict guards off
@@ -334,11 +362,18 @@ def judged() -> tuple[dict[str, Any], dict[str, Any]]:
     jobs = [Job(name, TASK, pair.files()) for name, pair in pairs.items()]
     fast = Task(ops=["too_fast"], data_source="torch#1", code=TOO_FAST)
     slow = Task(ops=["defers_its_work"], data_source="torch#1", code=DEFERS_ITS_WORK)
+    # strict: compute hidden from the Python-level guard, ATen's kernels in its trace
+    hidden = Solution("hides_compute_from_the_guard", HIDES_COMPUTE)
+    strict = EvalConfig(strict=True, time_on_cpu=True, timed_runs=6, warmup_runs=1, trials=2)
     with WorkerPool(filters, "cpu") as pool:
         rows = pool.run_harness(jobs, "evaluator", harness_settings(cfg))
+        hidden_rows = pool.run_harness(
+            [Job(hidden.name, TASK, hidden.files())], "evaluator", harness_settings(strict)
+        )
         filtered = pool.wait(pool.submit([fast], overrides={"window_ms": [5.0, 60000.0]}))
         deferred = pool.wait(pool.submit([slow], overrides={"window_ms": [0.0, 20.0]}))
     scores = {name: score_of(task(), pairs[name], rows[name], cfg) for name in pairs}
+    scores[hidden.name] = score_of(task(), hidden, hidden_rows[hidden.name], strict)
     return scores, filtered[fast.id], deferred[slow.id]
 
 
@@ -347,6 +382,15 @@ def test_the_judge_scores_what_ran_not_what_was_claimed(name: str, judged: Any) 
     score = judged[0][name]
     _, reward, reason = SOLUTIONS[name]
     assert (min(score.reward, 1), score.reason) == (reward, reason), score.detail
+
+
+def test_atens_kernels_in_the_trace_flag_when_lenient_and_refuse_when_strict(judged) -> None:
+    """On CPU there are no kernels to trace, so these solutions report ATen's add themselves;
+    on a GPU the profiler sees it (``tests/test_evaluator_gpu.py``)."""
+    lenient, strict = judged[0]["traces_aten_compute"], judged[0]["hides_compute_from_the_guard"]
+    assert lenient.reward >= 1 and "aten_compute_in_forward" in lenient.flags, lenient
+    assert (strict.reward, strict.reason) == (-1, "aten_compute"), strict
+    assert "CUDAFunctor_add" in strict.detail
 
 
 def test_a_frozen_clock_in_the_solution_changes_no_timing(judged: Any) -> None:

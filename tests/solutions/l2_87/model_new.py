@@ -1,6 +1,7 @@
 """KernelBench level 2, problem 87 (Conv2d_Subtract_Subtract_Mish): the convolution stays on
-cuDNN (called from C++), the two subtractions and Mish run as one fused pass over the
-convolution's output, in place, instead of three passes that each read and write it."""
+cuDNN (called from C++, without its bias), and the bias, the two subtractions and Mish run as
+one fused pass over the convolution's output, in place, instead of four passes that each read
+and write it."""
 
 import solution_ext
 import torch.nn as nn
