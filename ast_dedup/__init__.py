@@ -6,7 +6,7 @@
 each code once. None of them executes task code; all work offline from the structure index in
 ``data/``.
 
-Names are imported on first use, so ``python -m ast_dedup.index`` does not import its own
+Names are imported on first use, so ``python -m opsynth.ast_dedup.index`` does not import its own
 module twice.
 """
 
@@ -16,22 +16,22 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Decontaminator": "ast_dedup.decontam",
-    "decontaminate_tasks": "ast_dedup.decontam",
-    "KERNELBENCH_SIMILAR": "ast_dedup.decontam",
-    "dedup": "ast_dedup.dedup",
-    "EXACT": "ast_dedup.dedup",
-    "NEAR": "ast_dedup.dedup",
-    "STRUCTURAL": "ast_dedup.dedup",
-    "KernelBenchIndex": "ast_dedup.index",
-    "build_index": "ast_dedup.index",
-    "Nearest": "ast_dedup.nearest",
-    "nearest_kernelbench": "ast_dedup.nearest",
-    "screen": "ast_dedup.screen",
-    "model_class_similarity": "ast_dedup.similarity",
-    "python_ast_similarity": "ast_dedup.similarity",
-    "NO_MODEL_CLASS": "ast_dedup.source",
-    "UNPARSEABLE": "ast_dedup.source",
+    "Decontaminator": "opsynth.ast_dedup.decontam",
+    "decontaminate_tasks": "opsynth.ast_dedup.decontam",
+    "KERNELBENCH_SIMILAR": "opsynth.ast_dedup.decontam",
+    "dedup": "opsynth.ast_dedup.dedup",
+    "EXACT": "opsynth.ast_dedup.dedup",
+    "NEAR": "opsynth.ast_dedup.dedup",
+    "STRUCTURAL": "opsynth.ast_dedup.dedup",
+    "KernelBenchIndex": "opsynth.ast_dedup.index",
+    "build_index": "opsynth.ast_dedup.index",
+    "Nearest": "opsynth.ast_dedup.nearest",
+    "nearest_kernelbench": "opsynth.ast_dedup.nearest",
+    "screen": "opsynth.ast_dedup.screen",
+    "model_class_similarity": "opsynth.ast_dedup.similarity",
+    "python_ast_similarity": "opsynth.ast_dedup.similarity",
+    "NO_MODEL_CLASS": "opsynth.ast_dedup.source",
+    "UNPARSEABLE": "opsynth.ast_dedup.source",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ast_dedup.similarity import Engine, Program
+from opsynth.ast_dedup.similarity import Engine, Program
 
 _KEY_SPAN = 1 << 12  # child counts above this share a key; the bound stays valid (coarser)
 _FEATURE_SHIFT = 32  # a feature packs (root key << 32) | node key

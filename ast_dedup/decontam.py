@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ast_dedup.index import KernelBenchIndex
-from ast_dedup.nearest import Nearest, Scorer, nearest_kernelbench
-from ast_dedup.opseq import OpSeqMatcher
-from ast_dedup.parallel import paused_gc
+from opsynth.ast_dedup.index import KernelBenchIndex
+from opsynth.ast_dedup.nearest import Nearest, Scorer, nearest_kernelbench
+from opsynth.ast_dedup.opseq import OpSeqMatcher
+from opsynth.ast_dedup.parallel import paused_gc
 from opsynth.config import DecontamConfig
 from opsynth.record import Task, Verdict
 from opsynth.stage import KEEP, Decision, StepResult, drop

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 
-from ast_dedup.dataflow import forward_graph, structural_hash
-from ast_dedup.normalize import normal_form
-from ast_dedup.parallel import map_chunks, paused_gc
-from ast_dedup.source import Parsed, parse_task_code, recursion_headroom
+from opsynth.ast_dedup.dataflow import forward_graph, structural_hash
+from opsynth.ast_dedup.normalize import normal_form
+from opsynth.ast_dedup.parallel import map_chunks, paused_gc
+from opsynth.ast_dedup.source import Parsed, parse_task_code, recursion_headroom
 from opsynth.config import DedupConfig
 from opsynth.record import Task, Verdict
 from opsynth.stage import StepResult

@@ -7,8 +7,8 @@ can ship with the project and decontamination runs on a fresh machine without ne
 
 Build it with::
 
-    python -m ast_dedup.index --source /path/to/kernelbench.jsonl   # a local export
-    python -m ast_dedup.index --hub                    # ScalingIntelligence/KernelBench
+    python -m opsynth.ast_dedup.index --source /path/to/kernelbench.jsonl   # a local export
+    python -m opsynth.ast_dedup.index --hub                    # ScalingIntelligence/KernelBench
 
 A structure index is tied to the Python AST grammar it was built with; loading it under another
 minor version warns, because node types can differ between versions.
@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ast_dedup.source import parse_task_code
-from ast_dedup.tree import Interner
+from opsynth.ast_dedup.source import parse_task_code
+from opsynth.ast_dedup.tree import Interner
+from opsynth.data import data_file
 from opsynth.store import write_bytes_atomic
 
 FORMAT = 1
 HUB_DATASET = "ScalingIntelligence/KernelBench"
-DEFAULT_INDEX_PATH = Path(__file__).resolve().parents[1] / "data" / "kernelbench_index.json.gz"
+DEFAULT_INDEX_PATH = data_file("kernelbench_index.json.gz")
 DEFAULT_LEVELS = (1, 2, 3)
 SOURCE_NOTE = {
     "repository": "github.com/ScalingIntelligence/KernelBench",
@@ -89,7 +90,7 @@ class KernelBenchIndex:
         if missing:
             raise KernelBenchIndexError(
                 f"the KernelBench index has levels {self.levels}, not {sorted(missing)}; "
-                "rebuild it with `python -m ast_dedup.index --levels ...`"
+                "rebuild it with `python -m opsynth.ast_dedup.index --levels ...`"
             )
         chosen = [p for p in self.problems if p.level in wanted and p.root is not None]
         return sorted(chosen, key=lambda p: p.key)
@@ -136,7 +137,7 @@ class KernelBenchIndex:
         if not path.is_file():
             raise KernelBenchIndexError(
                 f"KernelBench index {path} does not exist; build it with "
-                "`python -m ast_dedup.index --source kernelbench.jsonl`"
+                "`python -m opsynth.ast_dedup.index --source kernelbench.jsonl`"
             )
         try:
             with gzip.open(path, "rt") as fh:
@@ -225,7 +226,7 @@ def read_hub(levels: Iterable[int]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ast_dedup.index", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m opsynth.ast_dedup.index", description=__doc__)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--source", type=Path, help="KernelBench jsonl (level, problem_id, ...)")
     where.add_argument("--hub", action="store_true", help=f"download {HUB_DATASET}")

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ast_dedup.bounds import BoundMatrix
-from ast_dedup.index import DEFAULT_LEVELS, KernelBenchIndex, Problem
-from ast_dedup.parallel import map_chunks
-from ast_dedup.similarity import Engine, Program
-from ast_dedup.source import Parsed, parse_task_code, recursion_headroom
+from opsynth.ast_dedup.bounds import BoundMatrix
+from opsynth.ast_dedup.index import DEFAULT_LEVELS, KernelBenchIndex, Problem
+from opsynth.ast_dedup.parallel import map_chunks
+from opsynth.ast_dedup.similarity import Engine, Program
+from opsynth.ast_dedup.source import Parsed, parse_task_code, recursion_headroom
 
 # Scores are rounded to 4 decimals, so a rounded score can exceed its unrounded bound by 5e-5.
 _ROUNDING_SLACK = 1e-4

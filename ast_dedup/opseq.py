@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from ast_dedup.index import KernelBenchIndex, Problem
+from opsynth.ast_dedup.index import KernelBenchIndex, Problem
 
 OPSEQ_LEVEL = 2
 

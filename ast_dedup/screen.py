@@ -13,12 +13,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ast_dedup.decontam import Decontaminator, decontam_result
-from ast_dedup.dedup import DedupKeys, dedup_with_keys, key_settings, make_keymaker
-from ast_dedup.index import KernelBenchIndex
-from ast_dedup.nearest import Nearest, Scorer
-from ast_dedup.parallel import map_chunks
-from ast_dedup.source import parse_task_code
+from opsynth.ast_dedup.decontam import Decontaminator, decontam_result
+from opsynth.ast_dedup.dedup import DedupKeys, dedup_with_keys, key_settings, make_keymaker
+from opsynth.ast_dedup.index import KernelBenchIndex
+from opsynth.ast_dedup.nearest import Nearest, Scorer
+from opsynth.ast_dedup.parallel import map_chunks
+from opsynth.ast_dedup.source import parse_task_code
 from opsynth.config import DecontamConfig, DedupConfig
 from opsynth.record import Task
 from opsynth.stage import StepResult

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from ast_dedup.source import parse_module, parse_task_code, recursion_headroom
-from ast_dedup.tree import Interner
+from opsynth.ast_dedup.source import parse_module, parse_task_code, recursion_headroom
+from opsynth.ast_dedup.tree import Interner
 
 SIGNIFICANT_WEIGHTS: dict[str, float] = {
     "Import": 0.3,

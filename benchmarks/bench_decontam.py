@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from ast_dedup.decontam import decontaminate_tasks
-from ast_dedup.dedup import dedup
-from ast_dedup.index import KernelBenchIndex
-from ast_dedup.nearest import nearest_kernelbench
-from ast_dedup.screen import screen
+from opsynth.ast_dedup.decontam import decontaminate_tasks
+from opsynth.ast_dedup.dedup import dedup
+from opsynth.ast_dedup.index import KernelBenchIndex
+from opsynth.ast_dedup.nearest import nearest_kernelbench
+from opsynth.ast_dedup.screen import screen
 from opsynth.config import DecontamConfig, DedupConfig
 from opsynth.record import Task
 from opsynth.refdata import KERNELBENCH, OPS6K, shared_file

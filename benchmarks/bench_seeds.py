@@ -16,8 +16,8 @@ from pathlib import Path
 
 from opsynth.config import SeedsConfig
 from opsynth.refdata import OPS6K, shared_file
-from synth.catalog.extract import extract
-from synth.catalog.report import write_catalogue
+from opsynth.synth.catalog.extract import extract
+from opsynth.synth.catalog.report import write_catalogue
 
 
 def main() -> None:

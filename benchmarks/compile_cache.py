@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from filters import compile_cache
-from filters.audit import audit_tasks
-from filters.pool import WorkerPool, resolve_device
 from opsynth.config import FiltersConfig
+from opsynth.filters import compile_cache
+from opsynth.filters.audit import audit_tasks
+from opsynth.filters.pool import WorkerPool, resolve_device
 from opsynth.tasksets import load_kernelbench
 
 

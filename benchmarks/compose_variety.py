@@ -18,12 +18,12 @@ import time
 import warnings
 from pathlib import Path
 
-from flows.reference import structural_share
 from opsynth.config import ComposeConfig
+from opsynth.flows.reference import structural_share
 from opsynth.profile import load_profile
 from opsynth.report.fidelity import fidelity_table
 from opsynth.store import read_tasks, write_tasks
-from synth.compose import compose
+from opsynth.synth.compose import compose
 
 
 def main() -> None:

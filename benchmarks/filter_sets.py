@@ -16,8 +16,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from filters.audit import audit_tasks
 from opsynth.config import FiltersConfig
+from opsynth.filters.audit import audit_tasks
 from opsynth.funnel import funnel
 from opsynth.store import write_verdicts
 from opsynth.tasksets import load_kernelbench, load_task_set

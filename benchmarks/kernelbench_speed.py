@@ -22,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from filters.calibrate import speed_factor
+from opsynth.filters.calibrate import speed_factor
 from opsynth.store import read_verdicts
 from opsynth.tasksets import load_kernelbench, load_kernelbench_timings
 

@@ -61,15 +61,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def one_run(args: argparse.Namespace) -> None:
     """The screen stage over the candidate set on ``--one`` GPUs; prints one JSON line."""
-    from flows.prefect_env import configure_prefect
+    from opsynth.flows.prefect_env import configure_prefect
 
     out = args.out / run_label(args.one, args.one_cores, args.copy)
     configure_prefect(out / ".prefect")
     from prefect import flow
 
-    from flows.runners import LocalOnly, task_runner
-    from flows.stages import LazyPool, WorkLedger, screen
     from opsynth.config import RunConfig
+    from opsynth.flows.runners import LocalOnly, task_runner
+    from opsynth.flows.stages import LazyPool, WorkLedger, screen
     from opsynth.store import RunDir, read_tasks, write_verdicts
 
     tasks = read_tasks(args.candidates)
@@ -119,7 +119,7 @@ def cluster_pool_stats() -> list[dict[str, Any]]:
     retired. Call inside the flow, while the cluster is up."""
     from prefect_dask import get_dask_client
 
-    from filters import process_pool
+    from opsynth.filters import process_pool
 
     with get_dask_client() as client:
         found = client.run(process_pool.stats)
@@ -149,7 +149,7 @@ def final_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def stamped(rows: list[dict[str, Any]], stages: Any = None) -> list[tuple[dict, datetime]]:
     """(row, its ``created_at``) for the rows of ``stages``, by default the sandboxed
     filters'. Verdict times are whole seconds."""
-    from filters.reasons import STAGES
+    from opsynth.filters.reasons import STAGES
 
     wanted = STAGES if stages is None else stages
     return [(r, datetime.fromisoformat(r["created_at"])) for r in rows if r["stage"] in wanted]

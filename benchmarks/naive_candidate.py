@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(code_path: str, settings_path: str, data_source: str) -> None:
-    from filters.static_check import StaticCheck
+    from opsynth.filters.static_check import StaticCheck
     from opsynth.record import Task
 
     code = Path(code_path).read_text()
@@ -29,12 +29,12 @@ def main(code_path: str, settings_path: str, data_source: str) -> None:
         rows = [{"stage": "static", "passed": False, "reason": decision.reason}]
         print(json.dumps(rows))
         return
-    from filters.childio import apply_limits as _apply_limits
+    from opsynth.filters.childio import apply_limits as _apply_limits
 
     settings = json.loads(Path(settings_path).read_text())
     _apply_limits(settings, settings["device"])  # the pool's per-candidate rlimits
 
-    from filters.checks import run_candidate
+    from opsynth.filters.checks import run_candidate
 
     rows = []
     run_candidate(code_path, settings, lambda e: rows.append(e["verdict"]) if "verdict" in e else 0)

@@ -39,9 +39,9 @@ from typing import Any
 from benchmarks.cpu_usage import CpuSampler
 from benchmarks.gpu_usage import GpuSampler
 from benchmarks.proc_memory import MemorySampler
-from filters.audit import audit_tasks
-from filters.pool import WorkerPool, check_settings, host_cores, resolve_device
 from opsynth.config import ComposeConfig, FiltersConfig, SeedsConfig, SizingConfig
+from opsynth.filters.audit import audit_tasks
+from opsynth.filters.pool import WorkerPool, check_settings, host_cores, resolve_device
 from opsynth.record import Task, Verdict
 from opsynth.store import write_tasks, write_verdicts
 from opsynth.tasksets import load_kernelbench, load_task_set
@@ -66,7 +66,7 @@ def candidate_set(args: argparse.Namespace) -> tuple[list[Task], list[Task], dic
     composed: list[Task] = []
     compose_s = 0.0
     if args.composed:
-        from synth.composers import run_composer
+        from opsynth.synth.composers import run_composer
 
         start = time.perf_counter()
         seeds = catalogue_seeds(args.catalogue)
@@ -85,7 +85,7 @@ def catalogue_seeds(catalogue: Path | None) -> list[Task]:
 
     if catalogue is not None:
         return read_tasks(catalogue / "seeds.parquet")
-    from synth.catalog.report import ensure_catalogue
+    from opsynth.synth.catalog.report import ensure_catalogue
 
     root = Path(tempfile.mkdtemp(prefix="throughput-seeds-"))
     ensure_catalogue(root, SeedsConfig())
@@ -106,7 +106,7 @@ def size(
     pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str, sizing: SizingConfig
 ) -> list[Task]:
     """Composed tasks rescaled into the runtime window, as the ``size`` stage of a run does."""
-    from synth.sizing import Probe, probe_of, size_tasks
+    from opsynth.synth.sizing import Probe, probe_of, size_tasks
 
     def measure(batch: list[Task]) -> dict[str, Probe]:
         started = time.perf_counter()

@@ -17,7 +17,7 @@ import ast
 import re
 from collections.abc import Iterable
 
-from filters.static_check import check_source
+from opsynth.filters.static_check import check_source
 from opsynth.source import dotted_name, import_aliases
 from opsynth.stage import KEEP, Decision, drop
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from filters.checks import compile_locked, draw_inputs, gpu_lock, load_module
+from opsynth.filters.checks import compile_locked, draw_inputs, gpu_lock, load_module
 
 Event = torch.cuda.Event
 synchronize = torch.cuda.synchronize

@@ -40,8 +40,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, NamedTuple
 
-from evaluator.kernels import parse_kernels, torch_compute
-from filters import judge as j
+from opsynth.evaluator.kernels import parse_kernels, torch_compute
+from opsynth.filters import judge as j
 
 BUILD, CORRECTNESS, TIMING = "build", "correctness", "timing"
 

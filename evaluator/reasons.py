@@ -6,8 +6,8 @@ Codes are stable strings, listed in ARCHITECTURE.md: a code is never renamed, on
 
 from __future__ import annotations
 
-from filters import reasons
-from filters.harness import Harness, register
+from opsynth.filters import reasons
+from opsynth.filters.harness import Harness, register
 
 EVALUATION: dict[str, str] = {
     "build_error": "the solution's CUDA/C++ sources did not build as a torch extension",
@@ -35,10 +35,10 @@ SHARED = ("input_mutated", "oom")
 HARNESS = register(
     Harness(
         "evaluator",
-        "evaluator.runner:serve_role",
+        "opsynth.evaluator.runner:serve_role",
         EVAL_STAGES,
         {**EVALUATION, **{code: reasons.ALL[code] for code in SHARED}},
-        judge="evaluator.judge:judge",
+        judge="opsynth.evaluator.judge:judge",
         judged=EVAL_STAGES,
     )
 )

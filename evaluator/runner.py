@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from evaluator.harness import (
+from opsynth.evaluator.harness import (
     Rejected,
     Session,
     _classify,
@@ -30,9 +30,9 @@ from evaluator.harness import (
     load_task,
     stage_build,
 )
-from evaluator.kernels import COUNT_LIMIT, NAME_LIMIT
-from filters.checks import compile_locked
-from filters.serve import Refusal, Runner
+from opsynth.evaluator.kernels import COUNT_LIMIT, NAME_LIMIT
+from opsynth.filters.checks import compile_locked
+from opsynth.filters.serve import Refusal, Runner
 
 REFERENCE, SOLUTION = "reference", "solution"
 

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from evaluator.guards import check_solution
-from evaluator.reasons import HARNESS as EVALUATOR_HARNESS
-from evaluator.reward import Score, flags_for, reward
-from evaluator.solution import Solution
 from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.evaluator.guards import check_solution
+from opsynth.evaluator.reasons import HARNESS as EVALUATOR_HARNESS
+from opsynth.evaluator.reward import Score, flags_for, reward
+from opsynth.evaluator.solution import Solution
 from opsynth.record import Task, Verdict
 
 HARNESS = EVALUATOR_HARNESS.name
@@ -61,7 +61,7 @@ def score_pairs(
     """Scores in input order and every verdict row (keyed by the pair's job id). ``pool``: a
     started ``WorkerPool`` to reuse (rollouts score many episodes on one warm pool); None
     starts one for this call."""
-    from filters.pool import WorkerPool
+    from opsynth.filters.pool import WorkerPool
 
     verdicts: dict[str, list[Verdict]] = {}
     jobs = []
@@ -144,7 +144,7 @@ class ScoringPool:
         return self._thread.submit(self._score, list(pairs), group_of).result()
 
     def _score(self, pairs: list[tuple[Task, Solution]], group_of) -> tuple[list, list]:
-        from filters.pool import WorkerPool
+        from opsynth.filters.pool import WorkerPool
 
         if self._pool is None:
             pool = WorkerPool(self.filters, self.device, gpus=self.gpus)

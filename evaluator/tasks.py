@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from evaluator.solution import Solution, SolutionError, load_solution
+from opsynth.evaluator.solution import Solution, SolutionError, load_solution
 from opsynth.record import Task
 
 _MODEL_CLASS = re.compile(r"^class Model\(", re.MULTILINE)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from filters.pool import Progress, WorkerPool
-from filters.static_check import StaticCheck
 from opsynth.config import FiltersConfig
+from opsynth.filters.pool import Progress, WorkerPool
+from opsynth.filters.static_check import StaticCheck
 from opsynth.record import Task
 from opsynth.stage import StepResult, apply_filters
 

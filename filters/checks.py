@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from filters.gpulock import exclusive_s, gpu_section, held, waited_s
-from filters.harness import CODE_FILE, stages_of
-from filters.reasons import STAGES, VERIFY
-from filters.serve import Runner, flush_l2
+from opsynth.filters.gpulock import exclusive_s, gpu_section, held, waited_s
+from opsynth.filters.harness import CODE_FILE, stages_of
+from opsynth.filters.reasons import STAGES, VERIFY
+from opsynth.filters.serve import Runner, flush_l2
 
 Emit = Callable[[dict[str, Any]], None]
 

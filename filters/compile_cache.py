@@ -11,11 +11,11 @@ reference. So caches come in two layers:
   emptied between candidates. Whatever a candidate compiles, or plants, goes with it, and its
   disk use counts against that cap.
 - **trusted**, shared read-only: filled once per host, device and library versions by a
-  warm-up that runs only this module's own compiles (``python -m filters.compile_cache``), in
-  a sandbox of its own before any candidate starts; then sealed (owned by the orchestrator,
-  no write bits) and bound read-only into every sandbox. It holds what every compile pays for
-  whatever it compiles: the C++ precompiled header, Triton's compiled driver, launchers and
-  the warm-up's kernels.
+  warm-up that runs only this module's own compiles
+  (``python -m opsynth.filters.compile_cache``), in a sandbox of its own before any
+  candidate starts; then sealed (owned by the orchestrator, no write bits) and bound
+  read-only into every sandbox. It holds what every compile pays for whatever it compiles:
+  the C++ precompiled header, Triton's compiled driver, launchers and the warm-up's kernels.
 
 A compile reads the trusted layer and writes to its private one: Triton through links in the
 private cache (one per trusted entry, made before each candidate), inductor's header step
@@ -214,7 +214,7 @@ def warm(device: str, layer: str) -> None:
             x = x.to(device, dtype if x.is_floating_point() else x.dtype)
             torch._dynamo.reset()
             torch.compile(fn)(x)
-    from filters import state_audit
+    from opsynth.filters import state_audit
 
     state_audit.prepare(device)  # every reusable process compiles this model first
     if device == "cuda":

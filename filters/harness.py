@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from filters import reasons
+from opsynth.filters import reasons
 
 # The runner writes a job's ``code`` to this file in the child's working directory.
 CODE_FILE = "candidate.py"
@@ -66,8 +66,10 @@ class Harness:
 
     @property
     def package(self) -> str:
-        """The top-level package (or module) of the entry point, bound into the sandbox."""
-        return self.entry.partition(":")[0].split(".")[0]
+        """The package (or module) of the entry point bound into the sandbox: its top-level
+        name, or for opsynth's own stages the stage (``opsynth.evaluator``)."""
+        parts = self.entry.partition(":")[0].split(".")
+        return ".".join(parts[:2]) if parts[0] == "opsynth" and len(parts) > 2 else parts[0]
 
     def function(self) -> Callable[[str, dict[str, Any], Callable[[dict[str, Any]], None]], Any]:
         """The entry point, imported (in the child that runs it). It may return the request
@@ -145,10 +147,10 @@ def stages_of(settings: Mapping[str, Any], harness: Harness | None = None) -> tu
 FILTERS = register(
     Harness(
         DEFAULT,
-        "filters.checks:run_in",
+        "opsynth.filters.checks:run_in",
         (*reasons.STAGES, reasons.VERIFY),
         {c: t for c, t in reasons.ALL.items() if c not in reasons.INFRA and c != reasons.OK},
-        judge="filters.verify:judge",
+        judge="opsynth.filters.verify:judge",
         judged=(reasons.VERIFY,),
     )
 )

@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from filters import compile_cache, privilege, protocol, reasons, retry, sandbox
-from filters import harness as harnesses
 from opsynth.config import FiltersConfig
+from opsynth.filters import compile_cache, privilege, protocol, reasons, retry, sandbox
+from opsynth.filters import harness as harnesses
 from opsynth.record import Task, Verdict
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from filters.pool import MEASURE_OVERRIDES, WorkerPool
 from opsynth.config import FiltersConfig
+from opsynth.filters.pool import MEASURE_OVERRIDES, WorkerPool
 from opsynth.record import Task, Verdict
 
 CPUS_ENV = "OPSYNTH_CPUS"

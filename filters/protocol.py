@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from filters import harness as harnesses
-from filters import reasons
+from opsynth.filters import harness as harnesses
+from opsynth.filters import reasons
 
 MAX_MEASURES = 64
 MAX_KEY_CHARS = 64

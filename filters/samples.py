@@ -1,7 +1,7 @@
 """Small known tasks: one that passes every stage, and one per execution reason code.
 
 They document what each reason means in code, drive the test-suite, and serve as a smoke
-check of the filters on a new host (``python -m filters.smoke --device cuda``).
+check of the filters on a new host (``python -m opsynth.filters.smoke --device cuda``).
 All are small enough to run on a CPU in milliseconds, except where the point is otherwise.
 """
 

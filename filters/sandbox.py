@@ -33,7 +33,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from filters import compile_cache, privilege
+import opsynth
+from opsynth.filters import compile_cache, privilege
 
 BWRAP = "bwrap"
 MOUNT_ROOT = "/opsynth"  # the filters package is bound read-only at MOUNT_ROOT/filters
@@ -41,12 +42,13 @@ MOUNT_ROOT = "/opsynth"  # the filters package is bound read-only at MOUNT_ROOT/
 SANDBOX_CACHE = f"{MOUNT_ROOT}/cache"
 SANDBOX_LOCKS = f"{MOUNT_ROOT}/locks"
 SANDBOX_TMP = "/tmp"
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+# The folder that holds the opsynth package: the checkout's root, or site-packages.
+PACKAGE_ROOT = str(Path(opsynth.__file__).resolve().parent.parent)
 
 COMPILERS = ("gcc", "g++", "cc", "c++", "clang", "clang++", "nvcc", "ninja")
 # Packages the worker imports (torch + standard library only): the filters' checks and the
 # solution evaluator's harness. Nothing else of the project is visible in the sandbox.
-SANDBOX_PACKAGES = ("filters", "evaluator")
+SANDBOX_PACKAGES = ("opsynth.filters", "opsynth.evaluator")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Mount points bwrap makes itself (their parents need no --dir of ours).
 SANDBOX_DIRS = ("/tmp", "/dev", "/proc", "/dev/shm")
@@ -164,7 +166,7 @@ def worker_command(
         "-s",
         "-B",
         "-m",
-        "filters.worker",
+        "opsynth.filters.worker",
         "--in",
         str(in_fd),
         "--out",
@@ -269,11 +271,25 @@ def with_parent_dirs(options: list[str]) -> list[str]:
 
 
 def package_binds(packages: tuple[str, ...]) -> list[str]:
-    """``packages``, read-only at ``MOUNT_ROOT`` (on the sandbox's PYTHONPATH)."""
+    """``packages``, read-only under ``MOUNT_ROOT`` (on the sandbox's PYTHONPATH) at their
+    import paths: ``opsynth.filters`` at ``MOUNT_ROOT/opsynth/filters``. opsynth's own modules
+    are bound one by one (its ``__init__.py`` alone when only subpackages are asked for), so
+    that no mount point is ever made inside a bound host folder, and no stage that was not
+    asked for comes along where a wheel holds the stages inside opsynth's folder."""
+    wanted = {p.split(".", 1)[1] for p in packages if p.startswith("opsynth.")}
     args: list[str] = []
+    if "opsynth" in packages or wanted:
+        core = package_path("opsynth")
+        entries = sorted(os.listdir(core)) if "opsynth" in packages else ["__init__.py"]
+        for entry in entries:
+            if entry == "__pycache__" or entry in wanted or entry in opsynth.STAGES:
+                continue
+            args += ["--ro-bind", os.path.join(core, entry), f"{MOUNT_ROOT}/opsynth/{entry}"]
     for package in packages:
+        if package == "opsynth":
+            continue
         path = package_path(package)
-        name = package if os.path.isdir(path) else os.path.basename(path)
+        name = package.replace(".", "/") if os.path.isdir(path) else os.path.basename(path)
         args += ["--ro-bind", path, f"{MOUNT_ROOT}/{name}"]
     return args
 
@@ -282,7 +298,7 @@ def package_path(package: str) -> str:
     """Where a top-level package (its folder) or module (its file) lives on the host: the
     project's own, or one a harness registered from elsewhere (``filters.harness``)."""
     local = os.path.join(PACKAGE_ROOT, package)
-    if os.path.isdir(local):
+    if "." not in package and os.path.isdir(local):
         return local
     spec = importlib.util.find_spec(package)
     if spec is None or not (spec.submodule_search_locations or spec.origin):
@@ -330,7 +346,7 @@ def bwrap_command(
         os.close(seccomp)
         raise
     ids = [str(identity.uid), str(identity.gid)] if identity else ["-", "-"]
-    entry = [sys.executable, "-P", "-s", "-B", "-m", "filters.sandbox_entry", *ids]
+    entry = [sys.executable, "-P", "-s", "-B", "-m", "opsynth.filters.sandbox_entry", *ids]
     entry += [",".join(str(fd) for fd in keep_fds), cwd, "--"]
     argv = [BWRAP, "--args", str(listing), "--", *entry, *command]
     return Command(argv, (listing, seccomp))
@@ -399,7 +415,7 @@ def probe_bwrap(
     if why:
         return why
     env = worker_env(paths=paths, kind="bwrap", threads=1, cuda_visible=None)
-    check = "import os, filters.worker, filters.reasons; print(os.getuid())"
+    check = "import os, opsynth.filters.worker, opsynth.filters.reasons; print(os.getuid())"
     options = bwrap_options(paths=paths, device=device, tmp_bytes=tmp_bytes, identity=identity)
     launch = bwrap_command(options, [sys.executable, "-P", "-s", "-c", check], identity=identity)
     proc, why = run_once(launch, env=env, cwd="/", timeout_s=timeout_s, what="bwrap probe")
@@ -431,7 +447,16 @@ def run_warmup(
     ``filters.compile_cache`` (opsynth's own compiles, no candidate code), in a sandbox like
     a worker's but with the layer writable. "" when it worked, else why not."""
     env = worker_env(paths=paths, kind=kind, threads=1, cuda_visible=cuda_visible)
-    command = [sys.executable, "-P", "-s", "-B", "-m", "filters.compile_cache", "--device", device]
+    command = [
+        sys.executable,
+        "-P",
+        "-s",
+        "-B",
+        "-m",
+        "opsynth.filters.compile_cache",
+        "--device",
+        device,
+    ]
     launch = Command(command, ())
     if kind == "bwrap":
         options = bwrap_options(

@@ -1,7 +1,7 @@
 """The first program run inside every sandbox: become the sandbox uid, keep only the
 descriptors the command needs, then exec the command.
 
-``python -m filters.sandbox_entry UID GID KEEP_FDS CWD -- COMMAND...``. UID/GID ``-`` keeps
+``python -m opsynth.filters.sandbox_entry UID GID KEEP_FDS CWD -- COMMAND...``. UID/GID ``-`` keeps
 the current ids (bwrap started unprivileged already maps us to one). KEEP_FDS is a comma list
 (may be empty). CWD (``-``: stay) is entered after the drop: a directory handed to the
 sandbox uid may be closed to root without capabilities. It exits 126 with one line on stderr

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from filters.judge import CHECKSUMS, SAMPLE_POSITIONS
+from opsynth.filters.judge import CHECKSUMS, SAMPLE_POSITIONS
 
 Emit = Callable[[dict[str, Any]], None]
 Handler = Callable[[dict[str, Any]], dict[str, Any]]

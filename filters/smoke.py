@@ -1,6 +1,6 @@
 """Smoke check of the filters on this host: every known sample must get its reason.
 
-``python -m filters.smoke [--device auto|cpu|cuda] [--workers N]`` evaluates
+``python -m opsynth.filters.smoke [--device auto|cpu|cuda] [--workers N]`` evaluates
 ``filters.samples`` (plus the GPU-only samples on CUDA) in a sandboxed pool with a runtime
 window wide enough for any device, prints one line per sample and the pool's stats, and exits
 non-zero if any sample got another reason. Run it once on a new GPU host before a real run.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from filters.pool import WorkerPool, resolve_device
-from filters.samples import GPU_SAMPLES, SAMPLES, Sample
 from opsynth.config import FiltersConfig
+from opsynth.filters.pool import WorkerPool, resolve_device
+from opsynth.filters.samples import GPU_SAMPLES, SAMPLES, Sample
 from opsynth.record import Task, Verdict
 
 # Wide enough that no sample is judged on speed: the samples test the other stages.

@@ -274,7 +274,7 @@ def after_candidate(baseline: Snapshot, settings: dict[str, Any], device: str) -
     gc.collect()
     now = snapshot(device)
     why = differences(baseline, now)
-    from filters import gpulock
+    from opsynth.filters import gpulock
 
     if gpulock.held():
         why.append("a GPU lock section is still held")

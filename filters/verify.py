@@ -24,8 +24,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from filters import judge as j
-from filters.reasons import VERIFY
+from opsynth.filters import judge as j
+from opsynth.filters.reasons import VERIFY
 
 TIMED_RUNS = 5
 PINGS = 5

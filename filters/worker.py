@@ -1,6 +1,6 @@
 """The warm worker: imports torch once, then forks one short-lived child per candidate.
 
-Run as ``python -P -m filters.worker --in FD --out FD --device cpu|cuda --host-pidns NS
+Run as ``python -P -m opsynth.filters.worker --in FD --out FD --device cpu|cuda --host-pidns NS
 [--prestart]`` inside the sandbox (see ``filters.sandbox``). It speaks JSON lines with the
 orchestrator over the two inherited pipe fds, never over stdout.
 
@@ -46,9 +46,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from filters import compile_cache, protocol
-from filters import harness as harnesses
-from filters.childio import (
+from opsynth.filters import compile_cache, protocol
+from opsynth.filters import harness as harnesses
+from opsynth.filters.childio import (
     MAX_LINE_BYTES,
     Emitter,
     apply_limits,
@@ -64,8 +64,8 @@ from filters.childio import (
     state,
     write_all,
 )
-from filters.harness import CODE_FILE
-from filters.judge import JudgeContext, Peer, PeerFailure
+from opsynth.filters.harness import CODE_FILE
+from opsynth.filters.judge import JudgeContext, Peer, PeerFailure
 
 Emit = Callable[[dict[str, Any]], None]
 Target = Callable[[Emit], Any]
@@ -198,7 +198,7 @@ class Worker:
         locks = os.path.join(self.tmp, compile_cache.PRIVATE, "header-locks")
         compile_cache.use_trusted_headers(self.trusted_cache, locks)
 
-        from filters import checks
+        from opsynth.filters import checks
 
         self.checks = checks
         import_s = time.perf_counter() - start
@@ -331,7 +331,7 @@ class Worker:
             emit({"event": "done"})
 
         def calibrate(emit: Emit) -> None:
-            from filters.calibrate import calibration_benchmark
+            from opsynth.filters.calibrate import calibration_benchmark
 
             emit({"event": "calibration", "results": calibration_benchmark(self.device)})
             emit({"event": "done"})
@@ -632,7 +632,7 @@ class Worker:
             early = self.checks.start_device_init(self.device)
             ahead = None
             if prepare_ahead:
-                from filters import state_audit
+                from opsynth.filters import state_audit
 
                 ahead = state_audit.Preparation(self.device, after=early.wait)
             emitter = Emitter(report_fd)
@@ -650,7 +650,7 @@ class Worker:
                 if not reuse and not job.get("judged"):
                     os.close(go_fd)  # its last job: the candidate gets no way to the pipe
                 if reuse and baseline is None:
-                    from filters import state_audit
+                    from opsynth.filters import state_audit
 
                     ready = ahead is not None and ahead.done
                     try:
@@ -680,7 +680,7 @@ class Worker:
                 try:
                     served_by = self._target(job)(emitter.emit)
                     if job.get("judged") and served_by:
-                        from filters.serve import serve
+                        from opsynth.filters.serve import serve
 
                         serve(go_fd, emitter.emit, *served_by)
                     served_by = None  # the candidate's tensors go before the audit looks

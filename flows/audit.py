@@ -8,7 +8,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.stages import (
+from opsynth.config import RunConfig
+from opsynth.flows.stages import (
     LazyPool,
     Progress,
     WorkLedger,
@@ -17,7 +18,6 @@ from flows.stages import (
     screen,
     versions,
 )
-from opsynth.config import RunConfig
 from opsynth.record import utc_now
 from opsynth.store import RunDir, read_tasks
 from opsynth.verdicts import group_by_task, passed_all
@@ -35,7 +35,7 @@ def audit(
     """Audit the tasks in ``tasks_file`` (parquet). A path, not the rows, is the parameter:
     Prefect sends a flow's parameters with every task it submits to Dask or Ray, and a full
     Ops-6K is ~10 MB of code per shard."""
-    from ast_dedup.dedup import dedup
+    from opsynth.ast_dedup.dedup import dedup
 
     run = RunDir.create(Path(out))
     tasks = read_tasks(Path(tasks_file))

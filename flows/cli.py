@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from filters.pool import PoolError
-from flows.cli_common import (
+from opsynth.config import ConfigError, RunConfig, load_config
+from opsynth.filters.pool import PoolError
+from opsynth.flows.cli_common import (
     UserError,
     console,
     fail,
@@ -19,8 +20,7 @@ from flows.cli_common import (
     start_prefect,
     with_unsafe,
 )
-from flows.runners import RunnerError
-from opsynth.config import ConfigError, RunConfig, load_config
+from opsynth.flows.runners import RunnerError
 from opsynth.funnel import funnel_rows
 from opsynth.store import RunDir, RunDirError, read_verdicts, write_tasks
 
@@ -132,8 +132,8 @@ def _progress_callback(bar):
 
 def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str) -> dict:
     start_prefect(run_dir)
-    from flows.regenerate import regenerate
-    from flows.runners import LocalOnly, task_runner
+    from opsynth.flows.regenerate import regenerate
+    from opsynth.flows.runners import LocalOnly, task_runner
 
     engine = task_runner(cfg.runner, device, cfg.filters)
     flow = regenerate.with_options(task_runner=engine) if engine is not None else regenerate
@@ -161,8 +161,8 @@ def audit(
         tasks_file = run_dir.path("input.parquet")
         write_tasks(_load_input(input, sample, seed), tasks_file)
         start_prefect(run_dir)
-        from flows.audit import audit as audit_flow
-        from flows.runners import LocalOnly, task_runner
+        from opsynth.flows.audit import audit as audit_flow
+        from opsynth.flows.runners import LocalOnly, task_runner
 
         engine = task_runner(cfg.runner, resolved, cfg.filters)
         flow = audit_flow.with_options(task_runner=engine) if engine is not None else audit_flow
@@ -181,7 +181,7 @@ def audit(
 
 
 def _load_input(input: str, sample: int | None, seed: int) -> list:
-    from flows.inputs import AuditInputError, load_input, sample_tasks
+    from opsynth.flows.inputs import AuditInputError, load_input, sample_tasks
 
     if sample is not None and sample < 1:
         raise UserError(f"--sample must be at least 1, got {sample}")
@@ -227,7 +227,7 @@ def decontam(
     """Drop tasks whose Model class is too similar to a KernelBench problem (no execution)."""
 
     def stage(tasks, cfg):
-        from ast_dedup.decontam import decontaminate_tasks
+        from opsynth.ast_dedup.decontam import decontaminate_tasks
 
         title = f"decontam of {input} (threshold {cfg.decontam.threshold})"
         return decontaminate_tasks(tasks, cfg.decontam), title
@@ -246,7 +246,7 @@ def dedup(
     """Drop exact, near and structural duplicates within a set; one representative each."""
 
     def stage(tasks, cfg):
-        from ast_dedup.dedup import dedup as dedup_tasks
+        from opsynth.ast_dedup.dedup import dedup as dedup_tasks
 
         return dedup_tasks(tasks, cfg.dedup), f"dedup of {input}"
 
@@ -276,29 +276,29 @@ def status(out: Annotated[Path, typer.Argument(help="a run directory")]) -> None
         Console().print(", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
-from flows.cli_compose import compose  # noqa: E402  (registered here, defined on its own)
+from opsynth.flows.cli_compose import compose  # noqa: E402  (registered here, defined on its own)
 
 app.command(name="compose")(compose)
 
-from flows.cli_seeds import seeds_app  # noqa: E402  (registered here, defined on its own)
+from opsynth.flows.cli_seeds import seeds_app  # noqa: E402  (registered here, defined on its own)
 
 app.add_typer(seeds_app, name="seeds")
 
-from flows.cli_publish import publish, report  # noqa: E402  (registered here, defined on its own)
+from opsynth.flows.cli_publish import publish, report  # noqa: E402  (registered here, defined on its own)
 
 app.command(name="publish")(publish)
 app.command(name="report")(report)
 
-from flows.cli_eval import evaluate  # noqa: E402  (registered here, defined on its own)
+from opsynth.flows.cli_eval import evaluate  # noqa: E402  (registered here, defined on its own)
 
 app.command(name="eval")(evaluate)
 
-from flows.cli_rollout import rft, rollout  # noqa: E402  (registered here, defined on its own)
+from opsynth.flows.cli_rollout import rft, rollout  # noqa: E402  (registered here, defined on its own)
 
 app.command(name="rollout")(rollout)
 app.command(name="rft")(rft)
 
-from flows.cli_train import train_app  # noqa: E402  (registered here, defined on its own)
+from opsynth.flows.cli_train import train_app  # noqa: E402  (registered here, defined on its own)
 
 app.add_typer(train_app, name="train")
 

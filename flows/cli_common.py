@@ -8,9 +8,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from filters.pool import isolation_problem
-from filters.pool import resolve_device as resolve_here
 from opsynth.config import RunConfig, RunnerConfig
+from opsynth.filters.pool import isolation_problem
+from opsynth.filters.pool import resolve_device as resolve_here
 from opsynth.store import RunDir
 
 console = Console(stderr=True)
@@ -71,7 +71,7 @@ def with_unsafe(cfg: RunConfig, unsafe: bool) -> RunConfig:
 
 
 def start_prefect(run_dir: RunDir) -> None:
-    from flows.prefect_env import attach_log_file, configure_prefect
+    from opsynth.flows.prefect_env import attach_log_file, configure_prefect
 
     configure_prefect(run_dir.root.resolve() / ".prefect")
     import prefect  # noqa: F401  (settings are read now, after configure_prefect)

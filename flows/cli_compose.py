@@ -35,7 +35,7 @@ def compose(
     base_url: Annotated[str | None, typer.Option("--base-url", help="compose.llm.base_url")] = None,
 ) -> None:
     """Compose N candidates into OUT and judge every reply; nothing is executed."""
-    from flows.cli_common import UserError, fail, print_funnel, start_prefect
+    from opsynth.flows.cli_common import UserError, fail, print_funnel, start_prefect
 
     try:
         if n < 1:
@@ -65,7 +65,7 @@ def with_composer(
     cfg: RunConfig, composer: str | None, model: str | None, base_url: str | None
 ) -> RunConfig:
     """The config with the command-line choices of composer and server applied."""
-    from flows.cli_common import UserError
+    from opsynth.flows.cli_common import UserError
 
     data = cfg.model_dump(mode="json")
     llm = {"model": model, "base_url": base_url}
@@ -81,8 +81,8 @@ def with_composer(
 
 
 def _compose(run_dir: RunDir, cfg: RunConfig, n: int, round_index: int):
-    from flows.stages import WorkLedger, compose_stage, seeds_stage
-    from synth.composers import summary
+    from opsynth.flows.stages import WorkLedger, compose_stage, seeds_stage
+    from opsynth.synth.composers import summary
 
     ledger = WorkLedger()
     seeds = seeds_stage.fn(run_dir, cfg, ledger)

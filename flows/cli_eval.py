@@ -43,12 +43,12 @@ def evaluate(
     ] = False,
 ) -> None:
     """Score solutions (ModelNew + optional CUDA/C++ kernels) against their tasks."""
-    from evaluator.reward import metrics
-    from evaluator.score import score_pairs
-    from evaluator.solution import SolutionError
-    from evaluator.tasks import group_of, load_tasks, pair_up
-    from filters.pool import PoolError
-    from flows.cli_common import UserError, fail, resolve_device, with_unsafe
+    from opsynth.evaluator.reward import metrics
+    from opsynth.evaluator.score import score_pairs
+    from opsynth.evaluator.solution import SolutionError
+    from opsynth.evaluator.tasks import group_of, load_tasks, pair_up
+    from opsynth.filters.pool import PoolError
+    from opsynth.flows.cli_common import UserError, fail, resolve_device, with_unsafe
 
     try:
         cfg = with_unsafe(load_config(config), unsafe)
@@ -75,7 +75,7 @@ def evaluate(
 
 
 def _print(scores, table_metrics) -> None:
-    from evaluator.reward import explain_flags
+    from opsynth.evaluator.reward import explain_flags
 
     # a file or a pipe gets whole rows: rich would otherwise cut them at 80 columns
     console = Console(width=None if sys.stdout.isatty() else 200)

@@ -30,7 +30,7 @@ def publish(
     ] = None,
 ) -> None:
     """Push RUN to the Hub as one version: data configs, dataset card, config, manifest."""
-    from flows.cli_common import fail
+    from opsynth.flows.cli_common import fail
     from opsynth.publish import PublishError, publish_run
 
     try:
@@ -65,8 +65,8 @@ def report(
 ) -> None:
     """Write RUN's audit report: report.html, report.md, tables/*.csv, plots/*.png; with
     --reference, also how the accepted tasks compare with that set (tables/fidelity.csv)."""
-    from flows.cli_common import fail
-    from flows.reference import ReferenceLoadError, fidelity_for
+    from opsynth.flows.cli_common import fail
+    from opsynth.flows.reference import ReferenceLoadError, fidelity_for
     from opsynth.report.render import write_report
     from opsynth.rundata import load_run
     from opsynth.store import RunDirError

@@ -58,12 +58,12 @@ def rollout(
     ] = "1.0.0",
 ) -> None:
     """Run agent episodes on every task and score them; re-running resumes."""
-    from evaluator.solution import SolutionError
-    from evaluator.tasks import load_tasks
-    from flows.cli_common import UserError, fail, resolve_device
     from opsynth.config import ConfigError, load_config
+    from opsynth.evaluator.solution import SolutionError
+    from opsynth.evaluator.tasks import load_tasks
+    from opsynth.flows.cli_common import UserError, fail, resolve_device
     from opsynth.publish.errors import PublishError
-    from trainer.rollout import PoolScorer, publish_rollout, run_rollout
+    from opsynth.trainer.rollout import PoolScorer, publish_rollout, run_rollout
 
     try:
         cfg = load_config(config)
@@ -133,11 +133,11 @@ def rft(
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file")] = None,
 ) -> None:
     """Export the best rewarded trajectories as chat-format SFT data (messages + tools)."""
-    from flows.cli_common import UserError, fail
     from opsynth.config import ConfigError, load_config
+    from opsynth.flows.cli_common import UserError, fail
     from opsynth.store import RunDirError
-    from trainer.rft import export_sft, stats_path
-    from trainer.rollout import read_episodes
+    from opsynth.trainer.rft import export_sft, stats_path
+    from opsynth.trainer.rollout import read_episodes
 
     try:
         cfg = load_config(config).trainer
@@ -171,7 +171,7 @@ _FIELDS.update(per_task="rft_per_task")
 
 def _positive(**given: int | None) -> dict[str, int]:
     """The options given, checked >= 1, keyed by their ``TrainerConfig`` field."""
-    from flows.cli_common import UserError
+    from opsynth.flows.cli_common import UserError
 
     checked = {}
     for name, value in given.items():
@@ -184,7 +184,7 @@ def _positive(**given: int | None) -> dict[str, int]:
 
 
 def _base_url(given: str | None) -> str:
-    from flows.cli_common import UserError
+    from opsynth.flows.cli_common import UserError
 
     url = (given or os.environ.get("OPENAI_BASE_URL", "")).strip()
     if not url:
@@ -195,7 +195,7 @@ def _base_url(given: str | None) -> str:
 
 
 def _check_push(repo_id: str, version: str) -> None:
-    from flows.cli_common import UserError
+    from opsynth.flows.cli_common import UserError
     from opsynth.publish.hub import check_repo_id
 
     check_repo_id(repo_id)
@@ -208,7 +208,7 @@ def _client(url: str, timeout_s: float):
     one line now rather than an api_error on every episode."""
     import openai
 
-    from flows.cli_common import UserError
+    from opsynth.flows.cli_common import UserError
 
     client = openai.OpenAI(
         base_url=url,

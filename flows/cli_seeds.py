@@ -23,7 +23,7 @@ ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML config
 
 
 def fail(message: str) -> None:
-    from flows.cli_common import fail
+    from opsynth.flows.cli_common import fail
 
     fail(message)
 
@@ -69,7 +69,7 @@ def list_libraries(
     ] = None,
 ) -> None:
     """Known seed libraries (built-in, entry points, config) and, given a catalogue, counts."""
-    from synth.catalog.plugins import known_libraries
+    from opsynth.synth.catalog.plugins import known_libraries
 
     try:
         cfg = load_config(config)
@@ -103,9 +103,9 @@ def extract(
     ] = None,
 ) -> None:
     """Discover, run and write seeds: seeds.parquet, verdicts.parquet, reasons.csv."""
-    from synth.catalog.extract import extract as run_extract
-    from synth.catalog.plugins import resolve_names
-    from synth.catalog.report import write_catalogue
+    from opsynth.synth.catalog.extract import extract as run_extract
+    from opsynth.synth.catalog.plugins import resolve_names
+    from opsynth.synth.catalog.report import write_catalogue
 
     try:
         cfg = load_config(config)
@@ -132,7 +132,7 @@ def coverage(
 ) -> None:
     """Coverage of the released Ops-6K names by a catalogue; writes coverage.json into it."""
     from opsynth.store import RunDirError, read_tasks, read_verdicts
-    from synth.catalog.coverage import coverage as measure
+    from opsynth.synth.catalog.coverage import coverage as measure
 
     try:
         ref = _reference(reference)

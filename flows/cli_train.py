@@ -35,8 +35,8 @@ DeviceOption = Annotated[
 
 
 def _settings(config: Path | None, section: str, model: str | None, **given: Any) -> dict:
-    from flows.cli_common import UserError
-    from trainer.train import load_train_config
+    from opsynth.flows.cli_common import UserError
+    from opsynth.trainer.train import load_train_config
 
     cfg = load_train_config(config)
     settings = {**cfg.get(section, {}), **{k: v for k, v in given.items() if v is not None}}
@@ -49,10 +49,10 @@ def _settings(config: Path | None, section: str, model: str | None, **given: Any
 
 
 def _run(fn, **kwargs: Any) -> None:
-    from filters.pool import PoolError
-    from flows.cli_common import UserError, fail
     from opsynth.config import ConfigError
-    from trainer.train import TrainError
+    from opsynth.filters.pool import PoolError
+    from opsynth.flows.cli_common import UserError, fail
+    from opsynth.trainer.train import TrainError
 
     try:
         metrics = fn(**kwargs)
@@ -78,8 +78,8 @@ def sft(
     device: DeviceOption = None,
 ) -> None:
     """Supervised fine-tuning on RFT trajectories (loss on the assistant's turns)."""
-    from flows.cli_common import resolve_device
-    from trainer.train import run_sft
+    from opsynth.flows.cli_common import resolve_device
+    from opsynth.trainer.train import run_sft
 
     def go() -> dict:
         resolved = resolve_device(device) if device else None
@@ -104,8 +104,8 @@ def grpo(
     ] = None,
 ) -> None:
     """Single-turn GRPO: one reply per task, rewarded by the evaluator (-1..3)."""
-    from flows.cli_common import resolve_device
-    from trainer.train import run_grpo
+    from opsynth.flows.cli_common import resolve_device
+    from opsynth.trainer.train import run_grpo
 
     def go() -> dict:
         resolved = resolve_device(device) if device else None
@@ -120,10 +120,10 @@ def grpo(
 @train_app.command()
 def tiny(out: OutOption = Path("runs/tiny-model")) -> None:
     """Write a tiny random chat model (no download) to smoke-test sft and grpo."""
-    from trainer.tiny import build_tiny_model
+    from opsynth.trainer.tiny import build_tiny_model
 
     _run(lambda: {"model": str(build_tiny_model(out))})
 
 
-if __name__ == "__main__":  # `accelerate launch -m flows.cli_train sft ...`
+if __name__ == "__main__":  # `accelerate launch -m opsynth.flows.cli_train sft ...`
     train_app()

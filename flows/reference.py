@@ -80,7 +80,7 @@ def structural_share(rows: Sequence[Mapping[str, Any]], wl_iterations: int = 3) 
     cluster's representative counts); None for no tasks."""
     if not rows:
         return None
-    from ast_dedup.dedup import STRUCTURAL, dedup
+    from opsynth.ast_dedup.dedup import STRUCTURAL, dedup
     from opsynth.config import DedupConfig
     from opsynth.record import Task
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.stages import (
+from opsynth.config import RunConfig
+from opsynth.flows.stages import (
     LazyPool,
     Progress,
     WorkLedger,
@@ -27,11 +28,10 @@ from flows.stages import (
     size_stage,
     versions,
 )
-from opsynth.config import RunConfig
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.store import RunDir
+from opsynth.synth.composers import summary as compose_summary
 from opsynth.verdicts import adopt_sized, group_by_task, passed_all
-from synth.composers import summary as compose_summary
 
 
 @flow(name="regenerate", log_prints=False)
@@ -42,7 +42,7 @@ def regenerate(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Produce ``cfg.target`` accepted tasks in ``out``; resumable at any point."""
-    from ast_dedup.dedup import dedup
+    from opsynth.ast_dedup.dedup import dedup
 
     run = RunDir.create(Path(out))
     ledger = WorkLedger()

@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from filters.process_pool import CPUS_ENV, WARM_ENV, format_cpus, warm_spec
 from opsynth.config import FiltersConfig, RunnerConfig
+from opsynth.filters.process_pool import CPUS_ENV, WARM_ENV, format_cpus, warm_spec
 
 
 class RunnerError(RuntimeError):
@@ -54,7 +54,7 @@ def local_dask_cluster(plans: list[dict[str, str]], threads: int = 1, **kwargs: 
 
     local = {"host": "127.0.0.1", "dashboard": False}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False}}
-    options = {**local, "nthreads": threads, "preload": ["filters.process_pool"]}
+    options = {**local, "nthreads": threads, "preload": ["opsynth.filters.process_pool"]}
     workers = {
         f"opsynth-{i}": {"cls": Nanny, "options": {**options, "env": env}}
         for i, env in enumerate(plans)
@@ -147,6 +147,6 @@ def submit_options(runner: RunnerConfig, device: str):
 def _gpus(device: str) -> list[str]:
     if device != "cuda":
         return []
-    from filters.pool import visible_gpus
+    from opsynth.filters.pool import visible_gpus
 
     return visible_gpus()

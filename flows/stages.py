@@ -31,7 +31,7 @@ from opsynth.store import (
 from opsynth.verdicts import group_by_task, outcome, passed_all
 
 if TYPE_CHECKING:
-    from filters.pool import Ticket
+    from opsynth.filters.pool import Ticket
 
 Progress = Callable[[str, int, int], None]
 
@@ -57,7 +57,7 @@ def seeds_stage(run: RunDir, cfg: RunConfig, ledger: WorkLedger) -> list[Task]:
     """The validated catalogue of ``seeds.libraries``, extracted once per config and library
     versions into the user cache and copied to ``<run>/catalogue/``; its seeds are what every
     composer draws from."""
-    from synth.catalog.report import ensure_catalogue
+    from opsynth.synth.catalog.report import ensure_catalogue
 
     reused = ensure_catalogue(run.root, cfg.seeds)
     ledger.note("seeds", reused)
@@ -78,7 +78,7 @@ def compose_stage(
     sequences ``produced`` in earlier rounds. A result with unanswered requests is not stored,
     so a re-run asks again; the LLM reply cache (``compose.llm.cache_dir`` or
     ``<run>/llm-cache``) makes the answered ones free."""
-    from synth.composers import ComposeResult, run_composer
+    from opsynth.synth.composers import ComposeResult, run_composer
 
     produced = sorted(list(ops) for ops in produced or [])
     parts = (cfg.compose.model_dump(mode="json"), [s.id for s in seeds], round_index, n, produced)
@@ -109,8 +109,8 @@ def prefilter_stage(
     run: RunDir, cfg: RunConfig, tasks: list[Task], ledger: WorkLedger
 ) -> list[Verdict]:
     """Static checks and decontamination: pure, orchestrator-side, no candidate code runs."""
-    from ast_dedup.decontam import Decontaminator
-    from filters.static_check import StaticCheck
+    from opsynth.ast_dedup.decontam import Decontaminator
+    from opsynth.filters.static_check import StaticCheck
 
     modules = frozenset(cfg.filters.task_modules)
     key = digest(cfg.decontam.model_dump(mode="json"), sorted(modules), sorted(t.id for t in tasks))
@@ -153,7 +153,7 @@ class LazyPool:
 
     def get(self):
         if self.pool is None:
-            from filters.pool import WorkerPool
+            from opsynth.filters.pool import WorkerPool
 
             self.pool = WorkerPool(self.cfg.filters, self.device)
             self.pool.__enter__()
@@ -199,7 +199,7 @@ def shard_path(run: RunDir, cfg: RunConfig, shard: list[Task], device: str) -> P
 @task(name="filter-shard-remote", cache_policy=NO_CACHE)
 def remote_filter_shard(filters: FiltersConfig, device: str, shard: list[Task]) -> list[Verdict]:
     """One shard on a task-runner worker (Dask, Ray), on that process's warm pool."""
-    from filters import process_pool
+    from opsynth.filters import process_pool
 
     results = process_pool.evaluate(filters, device, shard)
     return [v for t in shard for v in results[t.id]]
@@ -218,7 +218,7 @@ def scatter_shards(
     engine's workers; verdicts come back in shard order whatever order shards finish in."""
     from prefect.futures import as_completed
 
-    from flows.runners import submit_options
+    from opsynth.flows.runners import submit_options
 
     done: dict[int, list[Verdict]] = {}
     pending = {}
@@ -254,7 +254,7 @@ def size_stage(
     """Each task rescaled toward the runtime window's log-middle by measuring it in the
     sandboxed workers (``synth.sizing``): the in-process pool's (``runner.kind`` local), else
     the task runner's; same order, one task per input task."""
-    from synth.sizing import probe_of, size_tasks
+    from opsynth.synth.sizing import probe_of, size_tasks
 
     parts = (cfg.sizing, cfg.filters)
     key = digest(*[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks])
@@ -284,7 +284,7 @@ def size_stage(
 @task(name="size-probes-remote", cache_policy=NO_CACHE)
 def remote_probe_shard(filters: FiltersConfig, device: str, shard: list[Task]) -> list[Verdict]:
     """One shard of a sizing round's probes on a task-runner worker, on its warm pool."""
-    from filters import process_pool
+    from opsynth.filters import process_pool
 
     results = process_pool.measure(filters, device, shard)
     return [v for t in shard for v in results[t.id]]
@@ -295,7 +295,7 @@ def scatter_probes(cfg: RunConfig, batch: list[Task], device: str) -> dict[str, 
     a cluster the GPUs that filter size as well, so the orchestrator needs no GPU, and rounds
     of thousands of probes spread over every GPU (sizing a candidate takes two or three
     probes, each a fresh process on a GPU). Per task id, in the batch's order."""
-    from flows.runners import submit_options
+    from opsynth.flows.runners import submit_options
 
     size = cfg.filters.shard_size
     shards = [batch[start : start + size] for start in range(0, len(batch), size)]

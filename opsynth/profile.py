@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsynth.data import data_file
 from opsynth.taxonomy import CATEGORIES, OTHER, task_categories
 
 FORMAT = 1
-PROFILE_DIR = Path(__file__).resolve().parents[1] / "data" / "profiles"
+PROFILE_DIR = data_file("profiles")
 SHIPPED = {"ops6k": PROFILE_DIR / "ops6k.json"}
 UNIFORM = "uniform"
 REQUIRED_KEYS = (

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from synth.catalog.probe import build, make_tensor, value_of
-from synth.catalog.spec import CatalogSpec, InputSpec
-from synth.cost import Cost, counted_as_length, uncounted
+from opsynth.synth.catalog.probe import build, make_tensor, value_of
+from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
+from opsynth.synth.cost import Cost, counted_as_length, uncounted
 
 Shape = tuple[int, ...]
 

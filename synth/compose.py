@@ -25,17 +25,17 @@ from dataclasses import replace
 
 import torch
 
-import synth
+from opsynth import synth
 from opsynth.config import ComposeConfig
 from opsynth.record import Task
+from opsynth.synth.catalog.serialize import spec_from_json
+from opsynth.synth.chain import Chain
+from opsynth.synth.cost import fit_batch
+from opsynth.synth.degenerate import Degenerate, check_sample
+from opsynth.synth.emit import render_task
+from opsynth.synth.sampling import TRANSFORMERS, Sampler, chain_length, seed_name, split_seeds
+from opsynth.synth.solve import VECTOR_BATCH, Seed, Solver, is_dropout, rebatch
 from opsynth.taxonomy import category
-from synth.catalog.serialize import spec_from_json
-from synth.chain import Chain
-from synth.cost import fit_batch
-from synth.degenerate import Degenerate, check_sample
-from synth.emit import render_task
-from synth.sampling import TRANSFORMERS, Sampler, chain_length, seed_name, split_seeds
-from synth.solve import VECTOR_BATCH, Seed, Solver, is_dropout, rebatch
 
 COMPOSER = "offline"
 UNBATCHED_RANK = {"1d": 2, "2d": 3, "3d": 4}

@@ -17,7 +17,7 @@ from typing import Any
 
 from opsynth.config import ComposeConfig
 from opsynth.record import Task, Verdict
-from synth.llm.reasons import TRANSPORT
+from opsynth.synth.llm.reasons import TRANSPORT
 
 STAGE = "compose"
 
@@ -48,7 +48,7 @@ def run_composer(
 ) -> ComposeResult:
     """n candidates from ``cfg.composer``; a task made twice in one call is kept once."""
     if cfg.composer == "llm":
-        from synth.llm.compose import compose_llm
+        from opsynth.synth.llm.compose import compose_llm
 
         if cache_dir is None:
             raise ValueError("the llm composer needs a reply cache directory")
@@ -62,7 +62,7 @@ def run_composer(
             produced=produced,
         )
     else:
-        from synth.compose import COMPOSER, compose
+        from opsynth.synth.compose import COMPOSER, compose
 
         tasks = compose(list(seeds), cfg, n, round_index, config_hash, produced)
         pairs = [(t, Verdict(t.id, STAGE, True, measures={"composer": COMPOSER})) for t in tasks]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from opsynth.config import ComposeConfig
-from synth.chain import (
+from opsynth.synth.chain import (
     Chain,
     build_callables,
     draw_inputs,

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import synth
+from opsynth import synth
 from opsynth.record import Task
-from synth.catalog.render import DIM_NAMES, draw_expression, literal
-from synth.catalog.spec import CatalogSpec
-from synth.chain import Chain, Link, weight_names
+from opsynth.synth.catalog.render import DIM_NAMES, draw_expression, literal
+from opsynth.synth.catalog.spec import CatalogSpec
+from opsynth.synth.chain import Chain, Link, weight_names
 
 SCALE_NAME = "scale"
 BATCH_NAME = "batch_size"

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from opsynth.config import ComposeConfig
-from synth.catalog.probe import build, make_tensor
-from synth.catalog.rebind import main_index, rebind
-from synth.catalog.spec import CatalogSpec, InputSpec
-from synth.chain import (
+from opsynth.synth.catalog.probe import build, make_tensor
+from opsynth.synth.catalog.rebind import main_index, rebind
+from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
+from opsynth.synth.chain import (
     Chain,
     Link,
     call_link,
@@ -32,8 +32,8 @@ from synth.chain import (
     layout,
     tensors_in,
 )
-from synth.cost import Cost, cost_of, counting, total
-from synth.degenerate import Degenerate, is_dropout
+from opsynth.synth.cost import Cost, cost_of, counting, total
+from opsynth.synth.degenerate import Degenerate, is_dropout
 
 # Sample batches: the chain is solved at SOLVE_BATCH and replayed at REPLAY_BATCH; the dims
 # that differ are the batch. Rank-1 inputs are all batch, so theirs are longer.

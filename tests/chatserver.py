@@ -60,7 +60,7 @@ def reference_for(messages: list[dict[str, Any]]) -> str:
     """A correct model_new.py for the task in the user prompt's code block: its own Model as
     ModelNew (``evaluator.tasks.reference_solution``). Only lenient scoring passes it; strict
     scoring needs a compiled kernel, which takes minutes on CPU."""
-    from evaluator.tasks import reference_solution
+    from opsynth.evaluator.tasks import reference_solution
     from opsynth.record import Task
 
     prompt = next(m["content"] for m in messages if m["role"] == "user")

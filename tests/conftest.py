@@ -49,6 +49,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def catalogue_seeds():
-    from synth.catalog.extract import seeds_in_process
+    from opsynth.synth.catalog.extract import seeds_in_process
 
     return seeds_in_process(TEST_OPERATORS)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from evaluator.solution import Solution
-from evaluator.tasks import reference_solution
+from opsynth.evaluator.solution import Solution
+from opsynth.evaluator.tasks import reference_solution
 from opsynth.record import Task
 
 TASK = """\

@@ -15,9 +15,9 @@ import sys
 import threading
 from pathlib import Path
 
-from filters.samples import task_source
-from flows.prefect_env import configure_prefect
 from opsynth.config import RunConfig
+from opsynth.filters.samples import task_source
+from opsynth.flows.prefect_env import configure_prefect
 from opsynth.record import Task
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
@@ -76,8 +76,8 @@ def main(out: str, kind: str, what: str = "screen") -> None:
     configure_prefect(Path(out).resolve() / ".prefect")
     from prefect import flow
 
-    from flows.runners import LocalOnly, task_runner
-    from flows.stages import LazyPool, WorkLedger, screen, size_stage
+    from opsynth.flows.runners import LocalOnly, task_runner
+    from opsynth.flows.stages import LazyPool, WorkLedger, screen, size_stage
     from opsynth.store import RunDir
 
     cfg = config(kind)

@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from ast_dedup.decontam import KERNELBENCH_SIMILAR, Decontaminator, decontaminate_tasks
-from ast_dedup.index import KernelBenchIndex, KernelBenchIndexError
-from ast_dedup.nearest import Scorer, nearest_kernelbench
-from ast_dedup.opseq import name_tokens, op_token
-from ast_dedup.source import parse_task_code
+from opsynth.ast_dedup.decontam import KERNELBENCH_SIMILAR, Decontaminator, decontaminate_tasks
+from opsynth.ast_dedup.index import KernelBenchIndex, KernelBenchIndexError
+from opsynth.ast_dedup.nearest import Scorer, nearest_kernelbench
+from opsynth.ast_dedup.opseq import name_tokens, op_token
+from opsynth.ast_dedup.source import parse_task_code
 from opsynth.config import DecontamConfig
 from opsynth.record import Task
 from opsynth.refdata import KERNELBENCH, OPS6K, shared_file

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ast_dedup.dataflow import forward_graph, structural_hash
-from ast_dedup.decontam import decontaminate_tasks
-from ast_dedup.dedup import (
+from opsynth.ast_dedup.dataflow import forward_graph, structural_hash
+from opsynth.ast_dedup.decontam import decontaminate_tasks
+from opsynth.ast_dedup.dedup import (
     EXACT,
     NEAR,
     STRUCTURAL,
@@ -23,9 +23,9 @@ from ast_dedup.dedup import (
     key_settings,
     make_keymaker,
 )
-from ast_dedup.normalize import normal_form
-from ast_dedup.parallel import map_chunks
-from ast_dedup.screen import screen
+from opsynth.ast_dedup.normalize import normal_form
+from opsynth.ast_dedup.parallel import map_chunks
+from opsynth.ast_dedup.screen import screen
 from opsynth.config import DecontamConfig, DedupConfig
 from opsynth.record import Task
 from opsynth.refdata import OPS6K, shared_file

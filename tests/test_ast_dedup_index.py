@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ast_dedup.index import (
+from opsynth.ast_dedup.index import (
     DEFAULT_INDEX_PATH,
     KernelBenchIndex,
     KernelBenchIndexError,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ast_dedup.similarity import Engine, python_ast_similarity
+from opsynth.ast_dedup.similarity import Engine, python_ast_similarity
 from opsynth.refdata import KERNELBENCH, OPS6K, ROOT, shared_file
 
 REFERENCE = "continuous-eval==0.3.14.post2"

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from ast_dedup.similarity import Engine, model_class_similarity, python_ast_similarity
-from ast_dedup.tree import Interner
+from opsynth.ast_dedup.similarity import Engine, model_class_similarity, python_ast_similarity
+from opsynth.ast_dedup.tree import Interner
 from opsynth.refdata import KERNELBENCH, shared_file
 
 CONV_RELU_BIAS = textwrap.dedent(

@@ -35,7 +35,7 @@ def test_audit_of_released_sample(tmp_path):
     # every stage runs without pushing GPU-sized tensors through two CPU cores
     args = ["--input", str(OPS6K), "--sample", "4", "--seed", "12", "--config", str(cfg)]
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "audit", *args, "--out", str(out)],
+        [sys.executable, "-m", "opsynth.flows.cli", "audit", *args, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -62,7 +62,7 @@ def test_audit_of_released_sample(tmp_path):
 
 def test_audit_of_unknown_input_is_one_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "audit", "--input", "no/such.parquet"],
+        [sys.executable, "-m", "opsynth.flows.cli", "audit", "--input", "no/such.parquet"],
         capture_output=True,
         text=True,
         cwd=tmp_path,

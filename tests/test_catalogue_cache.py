@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from opsynth.config import SeedsConfig
 from opsynth.store import read_tasks
-from synth.catalog.report import cache_root, catalogue_key, ensure_catalogue
+from opsynth.synth.catalog.report import cache_root, catalogue_key, ensure_catalogue
 
 
 def test_a_second_run_reuses_the_cached_catalogue(tmp_path):

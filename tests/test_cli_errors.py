@@ -12,7 +12,7 @@ import pytest
 
 def opsynth(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "opsynth.flows.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -93,8 +93,8 @@ def test_cuda_on_a_cluster_at_an_address_needs_no_gpu_here() -> None:
     """A cluster at an address has the GPUs, and sizing and filtering run there, so the
     orchestrator needs none; the local pool or a local cluster runs here, and does."""
     torch = pytest.importorskip("torch")
-    from flows.cli_common import UserError, resolve_device
     from opsynth.config import RunnerConfig
+    from opsynth.flows.cli_common import UserError, resolve_device
 
     remote = RunnerConfig(kind="dask", address="tcp://scheduler:8786")
     assert resolve_device("cuda", remote) == "cuda"

@@ -37,7 +37,7 @@ def task_file(tmp_path) -> tuple[Path, Task, Task]:
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=cwd
+        [sys.executable, "-m", "opsynth.flows.cli", *args], capture_output=True, text=True, cwd=cwd
     )
 
 

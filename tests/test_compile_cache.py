@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from filters import compile_cache
+from opsynth.filters import compile_cache
 
 
 def fake_warm(calls: list[str], fail: str = ""):

@@ -47,8 +47,8 @@ def test_missing_config_file(tmp_path):
 def test_neighbour_reasons_are_filter_codes_and_checked() -> None:
     """retry_alone names codes a shared device can cause; they are the filters' codes, and any
     other is refused with the list to choose from."""
-    from filters import reasons
     from opsynth.config import NEIGHBOUR_REASONS, FiltersConfig
+    from opsynth.filters import reasons
 
     assert set(NEIGHBOUR_REASONS) <= set(reasons.INFRA) | set(reasons.ALL)
     with pytest.raises(ValueError, match="choose from"):

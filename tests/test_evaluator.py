@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.guards import check_solution
-from evaluator.reward import Score, explain_flags, flags_for, metrics, reward
-from evaluator.score import score_pairs
-from evaluator.solution import SolutionError, load_solution
-from evaluator.tasks import reference_solution
 from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.evaluator.guards import check_solution
+from opsynth.evaluator.reward import Score, explain_flags, flags_for, metrics, reward
+from opsynth.evaluator.score import score_pairs
+from opsynth.evaluator.solution import SolutionError, load_solution
+from opsynth.evaluator.tasks import reference_solution
 from tests.evaluator_cases import HACKS, HONEST, REFERENCE, RUNTIME_HACKS, task
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
@@ -137,7 +137,7 @@ CUB = "void at_cuda_detail::cub::DeviceReduceKernel<float>(float*)"
 
 
 def test_the_trace_names_atens_compute_and_nothing_else() -> None:
-    from evaluator.kernels import function_name, torch_compute
+    from opsynth.evaluator.kernels import function_name, torch_compute
 
     allowed = [OWN, OWN_TEMPLATE, CUBLAS, CUDNN, CUTLASS, COPY, FILL, "Memcpy DtoD (Device)"]
     compute = [ADD, SOFTMAX, MISH, INDUCTOR, CUB]
@@ -152,7 +152,7 @@ def test_the_trace_names_atens_compute_and_nothing_else() -> None:
     [{}, {"kernels": "x"}, {"kernels": [1]}, {"kernels": ["x" * 513]}, {"kernels": ["k"] * 257}],
 )
 def test_a_malformed_trace_is_refused(reply: dict) -> None:
-    from evaluator.kernels import parse_kernels
+    from opsynth.evaluator.kernels import parse_kernels
 
     assert parse_kernels(reply) is None
     assert parse_kernels({"kernels": [OWN, ADD]}) == [OWN, ADD]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluator.score import job_id, score_pairs
-from evaluator.solution import load_solution
-from evaluator.tasks import reference_solution
 from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.evaluator.score import job_id, score_pairs
+from opsynth.evaluator.solution import load_solution
+from opsynth.evaluator.tasks import reference_solution
 from opsynth.refdata import KERNELBENCH, shared_file
 from opsynth.tasksets import load_kernelbench
 

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from filters.audit import audit_tasks
-from filters.harness import FILTERS
-from filters.samples import GOOD, task_source
 from opsynth.config import FiltersConfig
+from opsynth.filters.audit import audit_tasks
+from opsynth.filters.harness import FILTERS
+from opsynth.filters.samples import GOOD, task_source
 from opsynth.tasksets import load_task_set
 
 OPS6K = Path("/work/shared/ops6k/cuda_agent_ops_6k.parquet")

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from evaluator.reasons import EVALUATION
-from filters import checks, reasons
-from filters.harness import FILTERS
-from filters.pool import WorkerPool
-from filters.samples import GOOD, SAMPLES, Sample, task_source
-from filters.smoke import run_smoke
 from opsynth.config import FiltersConfig
+from opsynth.evaluator.reasons import EVALUATION
+from opsynth.filters import checks, reasons
+from opsynth.filters.harness import FILTERS
+from opsynth.filters.pool import WorkerPool
+from opsynth.filters.samples import GOOD, SAMPLES, Sample, task_source
+from opsynth.filters.smoke import run_smoke
 from opsynth.record import Task, Verdict
 
 # Generous limits: the suite must pass on a loaded two-core machine, and the first
@@ -243,7 +243,7 @@ def test_compiled_graphs_run_inside_the_given_section_once_each(tmp_path: Path) 
     the shared section once; a run inside a section already held enters none (it would wait
     on itself); without a section it is plain ``torch.compile``. On the CPU with a recording
     section: the section's locking is ``filters.gpulock``'s, tested on its own."""
-    from filters import gpulock
+    from opsynth.filters import gpulock
 
     entered: list[int] = []
 

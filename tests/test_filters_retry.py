@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from filters.checks import classify
-from filters.retry import memory_need_gib, retry_waves
+from opsynth.filters.checks import classify
+from opsynth.filters.retry import memory_need_gib, retry_waves
 
 # torch 2.11's message on an H200, as a worker recorded it
 CUDA_OOM = (

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from filters.samples import GOOD
-from filters.static_check import StaticCheck, check_source
+from opsynth.filters.samples import GOOD
+from opsynth.filters.static_check import StaticCheck, check_source
 from opsynth.record import Task
 
 KERNELBENCH = Path("/work/shared/kernelbench/kernelbench.jsonl")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from filters.gpulock import gpu_section
+from opsynth.filters.gpulock import gpu_section
 
 CTX = mp.get_context("spawn")
 
@@ -137,7 +137,7 @@ def test_waiting_time_is_counted_in_this_process(tmp_path: Path) -> None:
     """``waited_s`` grows by the time spent queueing behind a timer, and not by time held."""
     import threading
 
-    from filters.gpulock import waited_s
+    from opsynth.filters.gpulock import waited_s
 
     s = Sections(tmp_path)
     s.start("timer", exclusive=True)
@@ -154,7 +154,7 @@ def test_waiting_time_is_counted_in_this_process(tmp_path: Path) -> None:
 
 def test_exclusive_holding_time_is_counted_and_shared_is_not(tmp_path: Path) -> None:
     """``exclusive_s`` grows by the time a timed section held the GPU, never by shared ones."""
-    from filters.gpulock import exclusive_s
+    from opsynth.filters.gpulock import exclusive_s
 
     before = exclusive_s()
     with gpu_section(str(tmp_path), "gpu0", exclusive=False):

@@ -20,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "flows": {"opsynth", "synth", "filters", "ast_dedup", "evaluator", "trainer"},
 }
 ONLY_IN_FLOWS = ("prefect", "prefect_dask", "prefect_ray")
+STAGES = tuple(name for name in ALLOWED if name != "opsynth")
 
 
 def modules() -> dict[str, Path]:
@@ -31,7 +32,7 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
+def raw_imports(path: Path) -> list[tuple[int, str]]:
     """(line, dotted name) of every absolute import in the file, ``from a import b`` as both
     ``a`` and ``a.b``."""
     found = []
@@ -42,6 +43,31 @@ def imports(path: Path) -> list[tuple[int, str]]:
             found.append((node.lineno, node.module))
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
     return found
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """``raw_imports`` by stage: ``opsynth.filters.judge`` is ``filters.judge``; opsynth's own
+    modules (the core) keep their names."""
+    found = []
+    for line, target in raw_imports(path):
+        parts = target.split(".")
+        if parts[0] == "opsynth" and len(parts) > 1 and parts[1] in STAGES:
+            target = ".".join(parts[1:])
+        found.append((line, target))
+    return found
+
+
+def test_every_import_goes_through_the_one_import_name() -> None:
+    """The stages are installed as opsynth's subpackages only: an import of a bare stage name
+    works in a checkout by accident and fails from the wheel."""
+    broken = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for top in (*ALLOWED, "tests", "benchmarks")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for line, target in raw_imports(path)
+        if target.split(".")[0] in STAGES
+    ]
+    assert broken == [], "\n".join(broken)
 
 
 def test_no_package_imports_above_or_beside_itself() -> None:
@@ -97,5 +123,6 @@ def test_no_import_cycles_between_modules() -> None:
 
 def test_the_rules_catch_a_broken_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from evaluator import judge\n")
+    bad.write_text("def f():\n    from opsynth.evaluator import judge\n    import filters\n")
     assert (2, "evaluator") in imports(bad) and (2, "evaluator.judge") in imports(bad)
+    assert (3, "filters") in raw_imports(bad)

@@ -18,13 +18,13 @@ import pytest
 import torch
 from evaluator_cases import TASK, model_new, task
 
-from evaluator.score import Job, harness_settings, score_of
-from evaluator.solution import Solution
-from filters import judge as j
-from filters.pool import WorkerPool
-from filters.samples import task_source
-from filters.serve import proof_sum, sample_tensor
 from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.evaluator.score import Job, harness_settings, score_of
+from opsynth.evaluator.solution import Solution
+from opsynth.filters import judge as j
+from opsynth.filters.pool import WorkerPool
+from opsynth.filters.samples import task_source
+from opsynth.filters.serve import proof_sum, sample_tensor
 from opsynth.record import Task
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
@@ -184,11 +184,12 @@ def test_seeds_are_unpredictable() -> None:
 
 PATCH_EVERYTHING = """
 import sys
-import filters.judge, filters.serve, evaluator.harness
+from opsynth.filters import judge as _judge
+from opsynth.evaluator import harness as _harness
 torch.allclose = lambda *a, **k: True
 torch.equal = lambda *a, **k: True
-evaluator.harness._compare = lambda *a, **k: 0.0
-filters.judge.mismatch = lambda *a, **k: ('', 0.0)
+_harness._compare = lambda *a, **k: 0.0
+_judge.mismatch = lambda *a, **k: ('', 0.0)
 """
 FORGE = """
 import json, os
@@ -274,7 +275,7 @@ SOLUTIONS: dict[str, tuple[str, int, str]] = {
     "fake_sample": (
         model_new(
             f"return {COMPUTE}",
-            header="import filters.serve\nfilters.serve.sample_tensor = lambda t, seed, k=0: "
+            header="from opsynth.filters import serve\nserve.sample_tensor = lambda t, seed, k=0: "
             "{'dtype': 'float32', 'shape': [64, 256], 'values': [0.0], 'checksums': [0.0] * 4, "
             "'abs_sum': 1.0, 'square_sum': 0.0}\n",
         ),
@@ -332,7 +333,7 @@ TOO_FAST = task_source(
 # forward at once and doing the work when the sample is asked for.
 DEFERS_ITS_WORK = task_source(
     "time.sleep(0.05)\n        return x * 2.0",
-    header="import itertools, time\nimport filters.serve as _serve\n"
+    header="import itertools, time\nfrom opsynth.filters import serve as _serve\n"
     "_ticks, _base = itertools.count(), time.perf_counter()\n"
     "time.perf_counter = lambda: _base + next(_ticks) * 0.01\n"
     "_run, _sample = _serve.Runner.run, _serve.Runner.sample\n"

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from filters.pool import WorkerPool
-from filters.static_check import StaticCheck
 from opsynth.config import ComposeConfig, FiltersConfig, LlmConfig
+from opsynth.filters.pool import WorkerPool
+from opsynth.filters.static_check import StaticCheck
 from opsynth.funnel import funnel_rows
 from opsynth.record import Task
-from synth.composers import run_composer, summary
-from synth.llm import prompts
-from synth.llm.parse import Rejected, parse_reply
+from opsynth.synth.composers import run_composer, summary
+from opsynth.synth.llm import prompts
+from opsynth.synth.llm.parse import Rejected, parse_reply
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
 

@@ -19,8 +19,8 @@ from llamaserver import MODEL, serve
 
 from opsynth.config import ComposeConfig, LlmConfig
 from opsynth.funnel import funnel_rows
-from synth.composers import run_composer, summary
-from synth.llm.reasons import REPLY
+from opsynth.synth.composers import run_composer, summary
+from opsynth.synth.llm.reasons import REPLY
 
 N = 3
 

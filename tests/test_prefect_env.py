@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import os, sys
 from pathlib import Path
-from flows.prefect_env import configure_prefect
+from opsynth.flows.prefect_env import configure_prefect
 configure_prefect(Path(sys.argv[1]))
 from prefect._internal.analytics.enabled import is_telemetry_enabled
 print(is_telemetry_enabled(), os.environ["PREFECT_HOME"], os.environ["PREFECT_LOGGING_LEVEL"])

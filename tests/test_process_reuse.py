@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_sandbox_pool import config as pool_config
 
-from filters.pool import WorkerPool
-from filters.samples import task_source
+from opsynth.filters.pool import WorkerPool
+from opsynth.filters.samples import task_source
 from opsynth.record import Task
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from filters import protocol, reasons
+from opsynth.filters import protocol, reasons
 
 GOOD_ROW = {
     "stage": "eager",

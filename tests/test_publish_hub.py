@@ -67,7 +67,7 @@ def env(hub, tmp_path_factory):
 
 def opsynth(env: dict, *args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "opsynth.flows.cli", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -241,7 +241,7 @@ def test_notebook_renders_a_hub_revision(env, published, tmp_path):
 STAGE = """
 import sys
 from pathlib import Path
-from flows.stages import publish_stage
+from opsynth.flows.stages import publish_stage
 from opsynth.config import RunConfig
 from opsynth.store import RunDir
 cfg = RunConfig().with_section("publish", repo_id=sys.argv[2], version="2.0.0")

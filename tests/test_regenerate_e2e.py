@@ -51,7 +51,7 @@ task_timeout_s = 90.0
 
 def opsynth(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "opsynth.flows.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -124,7 +124,16 @@ def test_status_shows_funnel(reference_run):
 
 def _kill_when(out: Path, tiny_config: Path, ready) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", "--out", str(out), "--config", str(tiny_config)],
+        [
+            sys.executable,
+            "-m",
+            "opsynth.flows.cli",
+            "run",
+            "--out",
+            str(out),
+            "--config",
+            str(tiny_config),
+        ],
         cwd=out.parent,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -84,7 +84,7 @@ def test_report_of_an_audit_has_no_compose_stage(audit):
 
 
 def report_cli(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "flows.cli", "report", *args]
+    cmd = [sys.executable, "-m", "opsynth.flows.cli", "report", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.runners import plan_workers
 from opsynth.config import RunConfig, RunnerConfig
+from opsynth.flows.runners import plan_workers
 
 pytest.importorskip("prefect_dask")
 
@@ -102,7 +102,16 @@ def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
     for kind in ("local", "dask"):
         out = tmp_path / kind
         done = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "audit", "--input", str(source), "--out", str(out)]
+            [
+                sys.executable,
+                "-m",
+                "opsynth.flows.cli",
+                "audit",
+                "--input",
+                str(source),
+                "--out",
+                str(out),
+            ]
             + ["--config", str(config), "--device", "cpu", "--runner", kind],
             capture_output=True,
             text=True,
@@ -114,7 +123,7 @@ def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
         verdicts[kind] = sorted((v.task_id, v.stage, v.passed, v.reason) for v in rows)
     assert verdicts["dask"] == verdicts["local"] and verdicts["local"]
     bad = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "audit", "--input", str(source)]
+        [sys.executable, "-m", "opsynth.flows.cli", "audit", "--input", str(source)]
         + ["--out", str(tmp_path / "bad"), "--runner", "spark"],
         capture_output=True,
         text=True,
@@ -128,9 +137,9 @@ def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
 def test_dask_preload_starts_the_pool_the_first_shard_then_uses(monkeypatch) -> None:
     """A local Dask worker starts its pool as it starts (``dask_setup``), from the settings in
     its environment, and the first shard runs on that pool instead of starting another."""
-    from filters import process_pool
-    from filters.samples import task_source
     from opsynth.config import FiltersConfig
+    from opsynth.filters import process_pool
+    from opsynth.filters.samples import task_source
     from opsynth.record import Task
 
     cfg = FiltersConfig(
@@ -164,9 +173,9 @@ def test_shards_from_two_threads_overlap_on_one_pool() -> None:
     import time
     from datetime import datetime
 
-    from filters import process_pool
-    from filters.samples import task_source
     from opsynth.config import FiltersConfig
+    from opsynth.filters import process_pool
+    from opsynth.filters.samples import task_source
     from opsynth.record import Task
 
     cfg = FiltersConfig(

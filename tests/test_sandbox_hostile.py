@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import torch
 
-from filters import compile_cache, privilege, sandbox
-from filters.harness import FILTERS
-from filters.pool import LOCK_DIR, WorkerPool, isolation_problem
-from filters.samples import GOOD, task_source
 from opsynth.config import FiltersConfig
+from opsynth.filters import compile_cache, privilege, sandbox
+from opsynth.filters.harness import FILTERS
+from opsynth.filters.pool import LOCK_DIR, WorkerPool, isolation_problem
+from opsynth.filters.samples import GOOD, task_source
 from opsynth.record import Task, Verdict
 
 MARKER = f"opsynth-secret-{uuid.uuid4().hex}"
@@ -86,7 +86,7 @@ def heartbeat_path(kind: str) -> Path:
 # Candidates that make their own process's checks pass: by patching the functions the checks
 # call, or by writing every row themselves. Each fools its own stages; the worker's verify stage
 # (filters.verify), which decides from seeds, samples and a clock outside the process, does not.
-PATCH_CHECKS = "import sys\nchecks = sys.modules['filters.checks']\n"
+PATCH_CHECKS = "import sys\nchecks = sys.modules['opsynth.filters.checks']\n"
 FORGE_ROWS = """
 import json, os
 stages = ['eager', 'randomness', 'degenerate', 'runtime', 'compile', 'verify']

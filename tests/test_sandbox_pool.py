@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from filters import calibrate, compile_cache, privilege, sandbox
-from filters.pool import PoolError, WorkerPool, resolve_device, worker_count
-from filters.samples import task_source
 from opsynth.config import FiltersConfig
+from opsynth.filters import calibrate, compile_cache, privilege, sandbox
+from opsynth.filters.pool import PoolError, WorkerPool, resolve_device, worker_count
+from opsynth.filters.samples import task_source
 from opsynth.record import Task
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
@@ -166,7 +166,7 @@ def test_bwrap_command_hides_the_host(identity: privilege.Identity | None) -> No
         # the trusted compile-cache layer is read-only; the lock dir is the one writable bind
         assert listed[listed.index("/c") - 1] == "--ro-bind"
         assert listed[listed.index("/l") - 1] == "--bind"
-        entry = launch.argv[launch.argv.index("filters.sandbox_entry") + 1 :]
+        entry = launch.argv[launch.argv.index("opsynth.filters.sandbox_entry") + 1 :]
         ids = [str(identity.uid), str(identity.gid)] if identity else ["-", "-"]
         assert entry[:5] == [*ids, "7", "-", "--"] and entry[5:] == ["true"]
     finally:
@@ -287,8 +287,8 @@ def test_a_queued_batch_cut_short_by_close_runs_again_when_waited_for() -> None:
 def test_a_harness_registered_from_another_package_runs_in_the_same_sandbox() -> None:
     from plugin_harness import HARNESS
 
-    from evaluator.score import Job
-    from filters import harness
+    from opsynth.evaluator.score import Job
+    from opsynth.filters import harness
 
     assert harness.lookup("plugin") is HARNESS
     with pytest.raises(ValueError, match="unknown harness 'nope'"):

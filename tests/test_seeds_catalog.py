@@ -19,7 +19,7 @@ import torch
 
 from opsynth.refdata import OPS6K, shared_file
 from opsynth.store import read_tasks, read_verdicts
-from synth.catalog.reasons import REASONS
+from opsynth.synth.catalog.reasons import REASONS
 
 REFERENCE = shared_file(OPS6K)
 needs_reference = pytest.mark.skipif(REFERENCE is None, reason="reference data ../shared is absent")
@@ -39,7 +39,7 @@ def catalogue(tmp_path_factory) -> Path:
     out, config = base / "seeds", base / "seeds.toml"
     config.write_text(TEST_CONFIG)
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "seeds", "extract", "--out", str(out)]
+        [sys.executable, "-m", "opsynth.flows.cli", "seeds", "extract", "--out", str(out)]
         + ["--config", str(config)],
         capture_output=True,
         text=True,
@@ -122,8 +122,8 @@ def test_unsupported_and_flags_are_derived(seeds, verdicts):
     ],
 )
 def test_stochastic_operators_are_flagged_by_name_words(name, stochastic):
-    from synth.catalog.introspect import Entry
-    from synth.catalog.torch_library import base_flags
+    from opsynth.synth.catalog.introspect import Entry
+    from opsynth.synth.catalog.torch_library import base_flags
 
     entry = Entry(name, "function", name, None)
     assert ("stochastic" in base_flags(entry)) is stochastic
@@ -186,7 +186,7 @@ def test_coverage_of_the_released_set(catalogue):
 
 def test_list_and_coverage_commands(catalogue):
     listed = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "seeds", "list", "--catalogue", str(catalogue)],
+        [sys.executable, "-m", "opsynth.flows.cli", "seeds", "list", "--catalogue", str(catalogue)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -195,7 +195,15 @@ def test_list_and_coverage_commands(catalogue):
     assert "torch" in listed.stdout and "einops" in listed.stdout
     if REFERENCE is not None:
         cov = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "seeds", "coverage", "--catalogue", str(catalogue)],
+            [
+                sys.executable,
+                "-m",
+                "opsynth.flows.cli",
+                "seeds",
+                "coverage",
+                "--catalogue",
+                str(catalogue),
+            ],
             capture_output=True,
             text=True,
             timeout=120,

@@ -14,13 +14,13 @@ import textwrap
 import pytest
 
 from opsynth.config import SeedsConfig
-from synth.catalog.extract import extract
-from synth.catalog.plugins import known_libraries, resolve_names
+from opsynth.synth.catalog.extract import extract
+from opsynth.synth.catalog.plugins import known_libraries, resolve_names
 
 HOSTILE = textwrap.dedent(
     """
     import os, time
-    from synth.catalog.spec import CatalogSpec, InputSpec
+    from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
 
     GOOD = CatalogSpec("x", "torch.relu", "function", "torch.relu", args=(InputSpec("x", (4, 8)),))
 
@@ -151,7 +151,7 @@ def test_entry_point_plugin_is_discovered(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     known = known_libraries(SeedsConfig())
     assert known["tiny"] == ("hostile_seeds:Invalid", "entry point")
-    assert known["torch"][0] == "synth.catalog.torch_library:TorchCatalog"
+    assert known["torch"][0] == "opsynth.synth.catalog.torch_library:TorchCatalog"
 
 
 def test_cli_unknown_library_exits_2_with_one_line(tmp_path):
@@ -159,7 +159,7 @@ def test_cli_unknown_library_exits_2_with_one_line(tmp_path):
         [
             sys.executable,
             "-m",
-            "flows.cli",
+            "opsynth.flows.cli",
             "seeds",
             "extract",
             "--library",

@@ -14,11 +14,11 @@ import torch
 
 from opsynth.config import TRANSFORMERS_FAMILIES, SeedsConfig
 from opsynth.refdata import OPS6K, shared_file
-from synth.catalog import inline
-from synth.catalog import transformers_library as tl
-from synth.catalog.coverage import reference_names
-from synth.catalog.probe import tensors_of
-from synth.catalog.validate import validate
+from opsynth.synth.catalog import inline
+from opsynth.synth.catalog import transformers_library as tl
+from opsynth.synth.catalog.coverage import reference_names
+from opsynth.synth.catalog.probe import tensors_of
+from opsynth.synth.catalog.validate import validate
 
 REFERENCE = shared_file(OPS6K)
 needs_reference = pytest.mark.skipif(

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from filters.state_audit import after_candidate, differences, snapshot
+from opsynth.filters.state_audit import after_candidate, differences, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,7 +153,7 @@ def test_a_clean_candidate_leaves_nothing() -> None:
 AFTER_COMPILE = """
 import sys
 import torch
-from filters.state_audit import Preparation, after_candidate, prepare, snapshot
+from opsynth.filters.state_audit import Preparation, after_candidate, prepare, snapshot
 device, where = sys.argv[1], sys.argv[2]
 if where == "thread":
     Preparation(device).wait()

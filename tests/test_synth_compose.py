@@ -19,12 +19,18 @@ from collections import Counter
 import pytest
 import torch
 
-import synth
+from opsynth import synth
 from opsynth.config import OPS6K_MIX, ComposeConfig
 from opsynth.record import Task
+from opsynth.synth.compose import COMPOSER, composable, compose
+from opsynth.synth.sampling import (
+    TRANSFORMERS,
+    Sampler,
+    effective_mix,
+    profile_weights,
+    split_seeds,
+)
 from opsynth.taxonomy import category
-from synth.compose import COMPOSER, composable, compose
-from synth.sampling import TRANSFORMERS, Sampler, effective_mix, profile_weights, split_seeds
 
 CFG = ComposeConfig()
 UNIFORM = ComposeConfig(profile="uniform")
@@ -252,7 +258,7 @@ def test_default_mix_is_table_3(catalogue_seeds):
 
 
 def test_mix_without_transformers_seeds_is_renormalised(catalogue_seeds, caplog):
-    with caplog.at_level("INFO", logger="synth.sampling"):
+    with caplog.at_level("INFO", logger="opsynth.synth.sampling"):
         renormalised = effective_mix(OPS6K_MIX, standalone=False)
     assert "no seeds for ['transformers']" in caplog.text
     assert TRANSFORMERS not in renormalised and math.isclose(sum(renormalised.values()), 1.0)
@@ -412,7 +418,7 @@ def test_a_tuple_output_is_returned_whole(catalogue_seeds, op, parts):
 def test_a_task_whose_number_of_outputs_follows_the_batch_is_never_composed():
     """``unbind`` along the batch would give a task as many outputs as its batch, and sizing
     grows the batch into the thousands: only the non-batch dims are unbound."""
-    from synth.catalog.extract import seeds_in_process
+    from opsynth.synth.catalog.extract import seeds_in_process
 
     seeds = seeds_in_process(["torch.unbind", "torch.relu"])
     cfg = only(seeds, "torch.unbind", tuple_output_share=1.0, mix={"torch#1": 1.0})

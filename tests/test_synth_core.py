@@ -11,15 +11,22 @@ import torch
 from opsynth.config import ComposeConfig
 from opsynth.profile import load_profile
 from opsynth.record import Task
-from synth.catalog.rebind import generic, main_index, rebind
-from synth.catalog.serialize import spec_from_json, spec_to_json
-from synth.catalog.spec import CatalogSpec, Code, InputSpec
-from synth.chain import Chain, Link, _recurrent_on_meta, build_callables, draw_inputs, execute
-from synth.compose import composable
-from synth.cost import fit_batch, measure
-from synth.degenerate import Degenerate, check_sample
-from synth.sampling import profile_weights
-from synth.solve import Solver, _inferred_batch
+from opsynth.synth.catalog.rebind import generic, main_index, rebind
+from opsynth.synth.catalog.serialize import spec_from_json, spec_to_json
+from opsynth.synth.catalog.spec import CatalogSpec, Code, InputSpec
+from opsynth.synth.chain import (
+    Chain,
+    Link,
+    _recurrent_on_meta,
+    build_callables,
+    draw_inputs,
+    execute,
+)
+from opsynth.synth.compose import composable
+from opsynth.synth.cost import fit_batch, measure
+from opsynth.synth.degenerate import Degenerate, check_sample
+from opsynth.synth.sampling import profile_weights
+from opsynth.synth.solve import Solver, _inferred_batch
 
 
 def _seed(seeds: list[Task], name: str):

@@ -11,11 +11,11 @@ import torch
 from conftest import TEST_OPERATORS
 
 from opsynth.record import Task, content_id
+from opsynth.synth.catalog import probe
+from opsynth.synth.catalog.extract import seeds_in_process
+from opsynth.synth.catalog.serialize import spec_from_json, spec_to_json
+from opsynth.synth.compose import composable
 from opsynth.taxonomy import category
-from synth.catalog import probe
-from synth.catalog.extract import seeds_in_process
-from synth.catalog.serialize import spec_from_json, spec_to_json
-from synth.compose import composable
 
 # Modules whose constructor creates learnable weights.
 WEIGHTED = {

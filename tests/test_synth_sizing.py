@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from filters.pool import WorkerPool
 from opsynth.config import ComposeConfig, FiltersConfig, SizingConfig
+from opsynth.filters.pool import WorkerPool
 from opsynth.record import Task
-from synth.compose import compose
-from synth.sizing import Probe, find_knob, set_knob, size_tasks, target_ms
+from opsynth.synth.compose import compose
+from opsynth.synth.sizing import Probe, find_knob, set_knob, size_tasks, target_ms
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
 CFG = SizingConfig()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from filters.calibrate import speed_factor
+from opsynth.filters.calibrate import speed_factor
 from opsynth.refdata import KERNELBENCH, shared_file
 from opsynth.tasksets import load_kernelbench, load_kernelbench_timings
 
@@ -44,7 +44,7 @@ def test_a_file_without_the_level_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_one_loader_reads_every_task_file_kind_and_names_what_is_wrong(tmp_path: Path) -> None:
-    from filters.samples import GOOD
+    from opsynth.filters.samples import GOOD
     from opsynth.record import Task
     from opsynth.store import write_tasks
     from opsynth.tasksets import TaskSetError, load_task_file

@@ -21,8 +21,8 @@ from benchmarks.throughput import (
     reused_set,
     stage_times,
 )
-from filters.samples import GOOD
 from opsynth.config import FiltersConfig
+from opsynth.filters.samples import GOOD
 from opsynth.record import Task, Verdict
 from opsynth.store import write_tasks
 

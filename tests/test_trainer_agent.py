@@ -27,9 +27,9 @@ from chatserver import (
 from evaluator_cases import task
 
 from opsynth.config import EvalConfig, FiltersConfig, TrainerConfig
-from trainer.agent import WORKDIR, run_episode
-from trainer.rollout import PoolScorer
-from trainer.trajectory import END_REASONS, NO_SOLUTION, load_episode
+from opsynth.trainer.agent import WORKDIR, run_episode
+from opsynth.trainer.rollout import PoolScorer
+from opsynth.trainer.trajectory import END_REASONS, NO_SOLUTION, load_episode
 
 TOOL_NAMES = {"bash", "read", "write", "edit", "multi_edit", "glob", "grep"}
 
@@ -42,7 +42,9 @@ def good(messages: list[dict]) -> Reply:
         content = reference_for(messages)
         return Reply(calls=(Call("write", {"path": "model_new.py", "content": content}),))
     if turn == 2:
-        return Reply(calls=(Call("bash", {"command": "python -m trainer.commands verify"}),))
+        return Reply(
+            calls=(Call("bash", {"command": "python -m opsynth.trainer.commands verify"}),)
+        )
     return Reply("ModelNew is in model_new.py.")
 
 

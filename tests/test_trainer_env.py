@@ -18,15 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.solution import Solution
-from filters.sandbox import PACKAGE_ROOT, bwrap_available
 from opsynth.config import EvalConfig, TrainerConfig
+from opsynth.evaluator.solution import Solution
+from opsynth.filters.sandbox import PACKAGE_ROOT, bwrap_available
 from opsynth.record import Task
-from tests.evaluator_cases import EXTENSION_MODEL_NEW, HACKS, HONEST, TASK, task
-from trainer import bash_sandbox
-from trainer.commands import REPORTS
-from trainer.tools import READ_BYTES, TOOL_ERRORS, Toolbox, ToolResult, truncate_middle
-from trainer.workdir import (
+from opsynth.trainer import bash_sandbox
+from opsynth.trainer.commands import REPORTS
+from opsynth.trainer.tools import READ_BYTES, TOOL_ERRORS, Toolbox, ToolResult, truncate_middle
+from opsynth.trainer.workdir import (
     COMMANDS,
     INSTRUCTIONS,
     MODEL,
@@ -35,6 +34,7 @@ from trainer.workdir import (
     protected_changes,
     script_name,
 )
+from tests.evaluator_cases import EXTENSION_MODEL_NEW, HACKS, HONEST, TASK, task
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap is not installed")
 
@@ -385,7 +385,7 @@ def test_bash_refuses_to_run_without_bwrap(box, monkeypatch, tmp_path):
 def test_commands_report_static_rejections_without_torch(box):
     hack = HACKS["try_except"][0].model_new
     assert call(box, "write", path="model_new.py", content=hack).error == ""
-    result = call(box, "bash", command="python -m trainer.commands verify")
+    result = call(box, "bash", command="python -m opsynth.trainer.commands verify")
     assert result.error == "nonzero_exit" and "hack_try_except" in result.output
 
 
@@ -398,7 +398,7 @@ def test_verify_blocks_torch_compute(box):
 
 def test_verify_and_profile_a_correct_solution(transpose_box):
     assert call(transpose_box, "write", path="model_new.py", content=CORRECT).error == ""
-    verify = call(transpose_box, "bash", command="python -m trainer.commands verify")
+    verify = call(transpose_box, "bash", command="python -m opsynth.trainer.commands verify")
     assert verify.error == "", verify.output
     assert "correctness: ok on cpu" in verify.output
     profile = call(transpose_box, "bash", command="./profile.sh")
@@ -408,7 +408,7 @@ def test_verify_and_profile_a_correct_solution(transpose_box):
 
 def test_verify_rejects_a_wrong_solution(transpose_box):
     call(transpose_box, "write", path="model_new.py", content=WRONG)
-    result = call(transpose_box, "bash", command="python -m trainer.commands verify")
+    result = call(transpose_box, "bash", command="python -m opsynth.trainer.commands verify")
     assert result.error == "nonzero_exit" and "correctness: FAILED (incorrect)" in result.output
 
 

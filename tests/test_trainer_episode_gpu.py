@@ -1,5 +1,5 @@
 """One agent episode on a GPU: a scripted agent writes a CUDA kernel, builds it with nvcc in the
-sandboxed bash tool (``python -m trainer.commands compile``, the bubblewrap sandbox with the
+sandboxed bash tool (``python -m opsynth.trainer.commands compile``, the bubblewrap sandbox with the
 unprivileged uid and seccomp filter), and the evaluator's judged pool scores it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from chatserver import Call, ChatServer, Reply, turn_of
 from evaluator_cases import EXTENSION_MODEL_NEW, task
 
 from opsynth.config import EvalConfig, FiltersConfig, TrainerConfig
-from trainer.agent import run_episode
-from trainer.rollout import PoolScorer
+from opsynth.trainer.agent import run_episode
+from opsynth.trainer.rollout import PoolScorer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -56,7 +56,7 @@ def kernel_writer(messages: list[dict]) -> Reply:
             )
         )
     if turn == 1:
-        command = "id -u && nvcc --version | tail -1 && python -m trainer.commands verify"
+        command = "id -u && nvcc --version | tail -1 && python -m opsynth.trainer.commands verify"
         return Reply(calls=(Call("bash", {"command": command}),))
     return Reply("The fused kernel is in kernels/fused.cu.")
 

@@ -23,12 +23,12 @@ from llamaserver import MODEL as LLAMA_MODEL
 from llamaserver import free_port, serve
 from typer.testing import CliRunner
 
-from flows.cli_rollout import rft, rollout
 from opsynth.config import EvalConfig, FiltersConfig, TrainerConfig
+from opsynth.flows.cli_rollout import rft, rollout
 from opsynth.record import Task
 from opsynth.store import write_tasks
-from trainer.rft import export_sft, select, sft_row, well_formed
-from trainer.rollout import (
+from opsynth.trainer.rft import export_sft, select, sft_row, well_formed
+from opsynth.trainer.rollout import (
     SUMMARY,
     TRAJECTORIES,
     PoolScorer,
@@ -36,7 +36,7 @@ from trainer.rollout import (
     read_episodes,
     run_rollout,
 )
-from trainer.trajectory import TRAJECTORY, Episode, load_episode
+from opsynth.trainer.trajectory import TRAJECTORY, Episode, load_episode
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_test_secret_token_0123456789"
@@ -220,7 +220,7 @@ def test_rft_export_is_trl_conversational_with_tools(rolled, tmp_path):
     assert row["messages"][3]["tool_call_id"] == call["id"]
     assert json.loads((tmp_path / "sft.jsonl.stats.json").read_text())["selected"] == 1
     # the chat template of a tool-calling model renders it
-    from trainer.tiny import CHAT_TEMPLATE
+    from opsynth.trainer.tiny import CHAT_TEMPLATE
 
     rendered = _render(CHAT_TEMPLATE, row)
     assert "model_new.py" in rendered and '"path": "model.py"' in rendered
@@ -310,7 +310,7 @@ PUBLISH = """
 import json, sys
 from pathlib import Path
 import datasets
-from trainer.rollout import publish_rollout
+from opsynth.trainer.rollout import publish_rollout
 out, repo = Path(sys.argv[1]), sys.argv[2]
 first = publish_rollout(out, repo, "1.0.0")
 second = publish_rollout(out, repo, "1.0.0")

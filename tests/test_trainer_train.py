@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli_train import train_app
 from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.flows.cli_train import train_app
+from opsynth.trainer.single_turn import KernelReward, parse_solution, prompt_for
+from opsynth.trainer.tiny import build_tiny_model
+from opsynth.trainer.train import encode_chats, load_chats, load_train_config, run_grpo, run_sft
 from tests.evaluator_cases import TASK, model_new, task
-from trainer.single_turn import KernelReward, parse_solution, prompt_for
-from trainer.tiny import build_tiny_model
-from trainer.train import encode_chats, load_chats, load_train_config, run_grpo, run_sft
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "trainer"
@@ -126,7 +126,7 @@ def test_one_grpo_step_logs_the_rewards_the_function_gives(tiny, tmp_path) -> No
 
 
 def task_list(dataset: Path):
-    from evaluator.tasks import load_tasks
+    from opsynth.evaluator.tasks import load_tasks
 
     return load_tasks(dataset)
 
@@ -178,7 +178,7 @@ RECIPES = sorted(p.name for p in CONFIGS.glob("*.*ml") if not p.name.startswith(
 def test_bundled_configs_build_trl_configs(name: str) -> None:
     from trl import GRPOConfig, SFTConfig
 
-    from trainer.train import _args
+    from opsynth.trainer.train import _args
 
     cfg = load_train_config(CONFIGS / name)
     assert cfg["model"]

@@ -19,12 +19,12 @@ from typing import Any
 
 import openai
 
-from evaluator.solution import Solution
-from evaluator.tasks import task_key
 from opsynth.config import TrainerConfig
+from opsynth.evaluator.solution import Solution
+from opsynth.evaluator.tasks import task_key
 from opsynth.record import Task, utc_now
-from trainer.prompts import system_prompt, user_prompt
-from trainer.trajectory import NO_SOLUTION, Episode, Step, ToolCallLog
+from opsynth.trainer.prompts import system_prompt, user_prompt
+from opsynth.trainer.trajectory import NO_SOLUTION, Episode, Step, ToolCallLog
 
 WORKDIR = "workdir"  # under the episode's folder, beside trajectory.json
 CHARS_PER_TOKEN = 4  # for servers that send no usage
@@ -51,8 +51,8 @@ def run_episode(
 ) -> Episode:
     """Run one episode in ``root`` (its workdir is ``root/workdir``) and return it scored; the
     trajectory is saved to ``root/trajectory.json`` after every turn."""
-    from trainer.tools import Toolbox
-    from trainer.workdir import materialise
+    from opsynth.trainer.tools import Toolbox
+    from opsynth.trainer.workdir import materialise
 
     root = Path(root)
     key = task_key(task)
@@ -207,7 +207,7 @@ def _assistant_message(message, calls: list, turn: int) -> dict[str, Any]:
 
 
 def _run_tool(toolbox, logged: dict) -> tuple[ToolCallLog, str]:
-    from trainer.tools import ToolResult
+    from opsynth.trainer.tools import ToolResult
 
     name, arguments = logged["function"]["name"], logged["function"]["arguments"]
     start = time.monotonic()
@@ -232,7 +232,7 @@ def _run_tool(toolbox, logged: dict) -> tuple[ToolCallLog, str]:
 def _score(episode: Episode, task: Task, wd, score: Scorer) -> None:
     """Reward -1 without a solution; a scorer failure leaves the episode not done, so a
     re-run tries it again rather than recording an infrastructure fault as the model's."""
-    from trainer.workdir import collect_solution, protected_changes
+    from opsynth.trainer.workdir import collect_solution, protected_changes
 
     episode.protected_changes = protected_changes(wd)
     solution = collect_solution(wd)

@@ -24,11 +24,11 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from filters import privilege, sandbox
 from opsynth.config import FiltersConfig
-from trainer.workdir import Workdir
+from opsynth.filters import privilege, sandbox
+from opsynth.trainer.workdir import Workdir
 
-PACKAGES = ("opsynth", "filters", "evaluator", "trainer")
+PACKAGES = ("opsynth", "opsynth.filters", "opsynth.evaluator", "opsynth.trainer")
 TMP_BYTES = 4 << 30
 EXTRA_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 KILL_GRACE_S = 5.0
@@ -185,7 +185,9 @@ def probe() -> str:
         return why
     with tempfile.TemporaryDirectory(prefix="opsynth-probe-") as tmp:
         probe_wd = Workdir(Path(tmp), "probe", {})
-        launch = sandbox_command(probe_wd, [sys.executable, "-P", "-c", "import trainer.workdir"])
+        launch = sandbox_command(
+            probe_wd, [sys.executable, "-P", "-c", "import opsynth.trainer.workdir"]
+        )
         env = sandbox_env(Path(tmp))
         proc, why = sandbox.run_once(
             launch, env=env, cwd=None, timeout_s=PROBE_TIMEOUT_S, what="bwrap probe"

@@ -1,4 +1,4 @@
-"""The agent's feedback commands: ``python -m trainer.commands compile|verify|profile``.
+"""The agent's feedback commands: ``python -m opsynth.trainer.commands compile|verify|profile``.
 
 Run from the workdir, inside the agent's shell sandbox. Each runs the evaluator's own checks
 in-process, so what the agent is told matches what the scorer does: the static guards, then
@@ -33,7 +33,7 @@ CAUSE_CHARS = 12_000
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.commands", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m opsynth.trainer.commands", description=__doc__)
     parser.add_argument("command", choices=list(STAGES))
     command = parser.parse_args(argv).command
     workdir = Path.cwd()
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def guard_failure(workdir: Path) -> str:
     """Why the scorer would reject the sources before running them, or ""."""
-    from evaluator.guards import REASONS, check_solution
-    from evaluator.solution import MODEL_NEW, SolutionError, load_solution
+    from opsynth.evaluator.guards import REASONS, check_solution
+    from opsynth.evaluator.solution import MODEL_NEW, SolutionError, load_solution
 
     if not (workdir / MODEL_NEW).is_file():
         return f"no {MODEL_NEW} yet: write class ModelNew there (see INSTRUCTIONS.md)"
@@ -71,9 +71,9 @@ def guard_failure(workdir: Path) -> str:
 def run_stages(workdir: Path, stages: tuple[str, ...]) -> int:
     import torch
 
-    from evaluator import harness
-    from evaluator.score import harness_settings
     from opsynth.config import EvalConfig
+    from opsynth.evaluator import harness
+    from opsynth.evaluator.score import harness_settings
 
     cfg = EvalConfig()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -120,7 +120,7 @@ def _report_correctness(m: dict[str, Any], device: str, cfg: Any) -> str:
 
 
 def _report_timing(m: dict[str, Any], device: str, cfg: Any) -> str:
-    from evaluator.reward import reward
+    from opsynth.evaluator.reward import reward
 
     if not m.get("timed"):
         return (

@@ -55,7 +55,7 @@ def run_search(request: dict, timeout_s: float) -> list[str]:
                 "-I",
                 "-c",
                 f"import sys; sys.path.insert(0, {package_root!r}); "
-                "from trainer.grep_search import main; main()",
+                "from opsynth.trainer.grep_search import main; main()",
             ],
             input=json.dumps(request),
             capture_output=True,

@@ -33,9 +33,9 @@ Reward: -1 incorrect; 1 correct; 2 faster than PyTorch eager; 3 faster than both
 torch.compile (more than 5% each).
 
 Commands, run through the bash tool from the working directory:
-- ./compile.sh (python -m trainer.commands compile): build kernels/, show compiler errors
-- ./verify.sh (python -m trainer.commands verify): build, then check correctness
-- ./profile.sh (python -m trainer.commands profile): verify, then time ModelNew against \
+- ./compile.sh (python -m opsynth.trainer.commands compile): build kernels/, show compiler errors
+- ./verify.sh (python -m opsynth.trainer.commands verify): build, then check correctness
+- ./profile.sh (python -m opsynth.trainer.commands profile): verify, then time ModelNew against \
 eager and torch.compile
 They apply the evaluator's own checks. INSTRUCTIONS.md has the details.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from opsynth.store import write_bytes_atomic
-from trainer.trajectory import Episode
+from opsynth.trainer.trajectory import Episode
 
 STATS_SUFFIX = ".stats.json"
 

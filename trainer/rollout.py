@@ -32,13 +32,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from evaluator.score import ScoringPool
-from evaluator.solution import Solution
-from evaluator.tasks import group_of, task_key
 from opsynth.config import PublishConfig, TrainerConfig
+from opsynth.evaluator.score import ScoringPool
+from opsynth.evaluator.solution import Solution
+from opsynth.evaluator.tasks import group_of, task_key
 from opsynth.record import Task
 from opsynth.store import write_bytes_atomic
-from trainer.trajectory import Episode, load_episode
+from opsynth.trainer.trajectory import Episode, load_episode
 
 EPISODES = "episodes"
 TRAJECTORIES = "trajectories.parquet"
@@ -118,7 +118,7 @@ def run_rollout(
     progress: Callable[[Episode], None] | None = None,
 ) -> Rollout:
     """Run what is missing under ``out`` and write the parquet and summary of all of it."""
-    from trainer.agent import run_episode
+    from opsynth.trainer.agent import run_episode
 
     out = Path(out)
     unique = list({task_key(t): t for t in tasks}.values())

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evaluator.score import ScoringPool
-from evaluator.solution import Solution
 from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.evaluator.score import ScoringPool
+from opsynth.evaluator.solution import Solution
 from opsynth.record import Task
 
 INSTRUCTIONS = {

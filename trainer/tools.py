@@ -18,9 +18,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from opsynth.config import TrainerConfig
-from trainer.bash_sandbox import run_bash
-from trainer.grep_search import GrepTimeout, run_search
-from trainer.workdir import Workdir
+from opsynth.trainer.bash_sandbox import run_bash
+from opsynth.trainer.grep_search import GrepTimeout, run_search
+from opsynth.trainer.workdir import Workdir
 
 TOOL_ERRORS = (
     "unknown_tool",

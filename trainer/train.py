@@ -293,7 +293,7 @@ def _rank_gpus(device: str) -> list[str] | None:
     """Under a multi-GPU launch each rank scores on its own GPU, beside its training."""
     if device != "cuda" or "LOCAL_RANK" not in os.environ:
         return None
-    from filters.pool import visible_gpus
+    from opsynth.filters.pool import visible_gpus
 
     gpus = visible_gpus()
     rank = int(os.environ["LOCAL_RANK"])
@@ -328,10 +328,10 @@ def run_grpo(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from evaluator.solution import SolutionError
-    from evaluator.tasks import load_tasks
-    from filters.pool import resolve_device
-    from trainer.single_turn import KernelReward, prompt_for
+    from opsynth.evaluator.solution import SolutionError
+    from opsynth.evaluator.tasks import load_tasks
+    from opsynth.filters.pool import resolve_device
+    from opsynth.trainer.single_turn import KernelReward, prompt_for
 
     try:
         tasks = load_tasks(Path(dataset), levels)

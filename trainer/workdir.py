@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from evaluator.solution import KERNELS, MODEL_NEW, Solution, SolutionError, load_solution
+from opsynth.evaluator.solution import KERNELS, MODEL_NEW, Solution, SolutionError, load_solution
 from opsynth.record import Task
 
 MODEL = "model.py"
@@ -23,7 +23,9 @@ INSTRUCTIONS = "INSTRUCTIONS.md"
 # One script per trainer.commands subcommand. -P keeps the workdir off sys.path, so a file the
 # agent names like a package cannot replace the command.
 COMMANDS = ("compile", "verify", "profile")
-SCRIPT = '#!/bin/sh\n# See INSTRUCTIONS.md.\nexec python -P -m trainer.commands {name} "$@"\n'
+SCRIPT = (
+    '#!/bin/sh\n# See INSTRUCTIONS.md.\nexec python -P -m opsynth.trainer.commands {name} "$@"\n'
+)
 
 
 @dataclass(frozen=True)

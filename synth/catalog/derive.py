@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from synth.catalog.introspect import Param
-from synth.catalog.overrides import NAMED, Shape
-from synth.catalog.spec import InputSpec
+from opsynth.synth.catalog.introspect import Param
+from opsynth.synth.catalog.overrides import NAMED, Shape
+from opsynth.synth.catalog.spec import InputSpec
 
 MAX_CANDIDATES = 48
 SCALAR_TYPES = {"int", "int[]", "float", "bool", "str", "ScalarType"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 
-from synth.catalog.spec import CatalogSpec, Code, InputSpec
+from opsynth.synth.catalog.spec import CatalogSpec, Code, InputSpec
 
 LIBRARY = "einops"
 SHAPE = (4, 8, 16, 16)

@@ -21,13 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import opsynth
 from opsynth.config import SeedsConfig
 from opsynth.record import Task, Verdict
-from synth.catalog.plugins import resolve_names
-from synth.catalog.spec import CatalogSpec
-from synth.catalog.validate import rejection
+from opsynth.synth.catalog.plugins import resolve_names
+from opsynth.synth.catalog.spec import CatalogSpec
+from opsynth.synth.catalog.validate import rejection
 
-ROOT = Path(__file__).resolve().parents[2]
+# The folder holding the opsynth package (the checkout, or site-packages): the worker's path.
+ROOT = Path(opsynth.__file__).resolve().parents[1]
 
 
 @dataclass
@@ -83,7 +85,7 @@ def run_library(name: str, ref: str, cfg: SeedsConfig) -> LibraryResult:
         cmd = [
             sys.executable,
             "-m",
-            "synth.catalog.worker",
+            "opsynth.synth.catalog.worker",
             name,
             ref,
             cfg.model_dump_json(),
@@ -124,8 +126,8 @@ def seeds_in_process(operators: list[str], libraries: list[str] | None = None) -
     """The validated seeds of the named operators, extracted in this process: for tests,
     benchmarks and notebooks that need a few real catalogue seeds without the subprocesses
     and deadlines of a full extraction. Unknown or unrunnable names are left out."""
-    from synth.catalog.plugins import load_adapter
-    from synth.catalog.validate import validate
+    from opsynth.synth.catalog.plugins import load_adapter
+    from opsynth.synth.catalog.validate import validate
 
     cfg = SeedsConfig(libraries=libraries or ["torch"], operators=list(operators))
     tasks: list[Task] = []

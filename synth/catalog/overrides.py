@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from synth.catalog.spec import Code
+from opsynth.synth.catalog.spec import Code
 
 Shape = tuple[int, ...]
 

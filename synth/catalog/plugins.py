@@ -17,13 +17,13 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from opsynth.config import SeedsConfig
-from synth.catalog.spec import CatalogSpec
+from opsynth.synth.catalog.spec import CatalogSpec
 
 GROUP = "opsynth.seed_libraries"
 BUILTIN: dict[str, str] = {
-    "torch": "synth.catalog.torch_library:TorchCatalog",
-    "transformers": "synth.catalog.transformers_library:TransformersCatalog",
-    "einops": "synth.catalog.einops_library:EinopsCatalog",
+    "torch": "opsynth.synth.catalog.torch_library:TorchCatalog",
+    "transformers": "opsynth.synth.catalog.transformers_library:TransformersCatalog",
+    "einops": "opsynth.synth.catalog.einops_library:EinopsCatalog",
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from synth.catalog.spec import CatalogSpec, Code, InputSpec
+from opsynth.synth.catalog.spec import CatalogSpec, Code, InputSpec
 
 ALIASES = {"nn": "torch.nn", "F": "torch.nn.functional"}
 CODE_SCOPE = {"torch": torch, "nn": torch.nn, "F": torch.nn.functional}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from synth.catalog.spec import CatalogSpec
+from opsynth.synth.catalog.spec import CatalogSpec
 
 Shape = tuple[int, ...]
 
@@ -40,7 +40,7 @@ def rebind(spec: CatalogSpec, shape: Shape, limit: int = 24) -> list[CatalogSpec
     """Candidate specs for ``shape``, in a fixed order (replaying index i at another batch
     size gives the same choice)."""
     if spec.library == "torch":
-        from synth.catalog.torch_library import rebind as torch_rebind
+        from opsynth.synth.catalog.torch_library import rebind as torch_rebind
 
         try:
             found = torch_rebind(spec, shape, limit)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from synth.catalog.spec import CatalogSpec, Code, InputSpec
+from opsynth.synth.catalog.spec import CatalogSpec, Code, InputSpec
 
 DIM_NAMES: dict[int, tuple[str, ...]] = {
     1: ("length",),

@@ -22,8 +22,8 @@ from opsynth.config import SeedsConfig
 from opsynth.record import Verdict
 from opsynth.refdata import OPS6K, shared_file
 from opsynth.store import digest, write_tasks, write_text_atomic, write_verdicts
-from synth.catalog.coverage import coverage
-from synth.catalog.extract import Extraction, extract
+from opsynth.synth.catalog.coverage import coverage
+from opsynth.synth.catalog.extract import Extraction, extract
 
 EXAMPLES = 5
 
@@ -81,7 +81,7 @@ def write_catalogue(out: Path, extraction: Extraction, reference: Path | None) -
 def catalogue_key(cfg: SeedsConfig) -> str:
     """What a catalogue depends on: the seeds config and the versions of the code and of
     every library extracted."""
-    import synth
+    from opsynth import synth
 
     versions = {}
     for name in cfg.libraries:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from synth.catalog.spec import CatalogSpec, Code, InputSpec
+from opsynth.synth.catalog.spec import CatalogSpec, Code, InputSpec
 
 
 def _encode(value: Any) -> Any:

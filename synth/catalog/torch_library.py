@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from opsynth.config import SeedsConfig
-from synth.catalog import derive, introspect, probe
-from synth.catalog.introspect import Entry, Param
-from synth.catalog.overrides import (
+from opsynth.synth.catalog import derive, introspect, probe
+from opsynth.synth.catalog.introspect import Entry, Param
+from opsynth.synth.catalog.overrides import (
     NO_FORWARD,
     NOT_OPERATORS,
     OVERRIDES,
@@ -31,7 +31,7 @@ from synth.catalog.overrides import (
     SUFFIX_RANKS,
     Shape,
 )
-from synth.catalog.spec import CatalogSpec, InputSpec
+from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
 
 LIBRARY = "torch"
 STOCHASTIC_NAMES = ("dropout", "rrelu", "rand", "normal", "bernoulli", "multinomial", "poisson")

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from opsynth.config import SeedsConfig
-from synth.catalog.inline import inline_class
-from synth.catalog.probe import output_shapes
-from synth.catalog.render import literal
-from synth.catalog.spec import CatalogSpec
+from opsynth.synth.catalog.inline import inline_class
+from opsynth.synth.catalog.probe import output_shapes
+from opsynth.synth.catalog.render import literal
+from opsynth.synth.catalog.spec import CatalogSpec
 
 LIBRARY = "transformers"
 BATCH, SEQ, SPATIAL, AUDIO, PATCHES = 2, 16, 32, 400, 4

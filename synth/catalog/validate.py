@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-import synth
+from opsynth import synth
 from opsynth.record import Task, Verdict, content_id
-from synth.catalog.probe import output_shapes, tensors_of
-from synth.catalog.reasons import OK, check
-from synth.catalog.render import render_code
-from synth.catalog.serialize import spec_to_json
-from synth.catalog.spec import CatalogSpec
+from opsynth.synth.catalog.probe import output_shapes, tensors_of
+from opsynth.synth.catalog.reasons import OK, check
+from opsynth.synth.catalog.render import render_code
+from opsynth.synth.catalog.serialize import spec_to_json
+from opsynth.synth.catalog.spec import CatalogSpec
 
 COMPOSER = "seed-catalog"
 STAGE = "seeds"

@@ -4,7 +4,7 @@ stream one JSON line per seed (``{"task": row|null, "verdict": row}``) to the ou
 Lines are flushed as they are written, so when the orchestrator kills a library at its
 deadline every seed finished so far is kept. Anything the adapter does wrong (raising while
 constructed or while iterating, yielding a non-spec or a duplicate name) becomes a verdict.
-Run as ``python -m synth.catalog.worker NAME REF CONFIG_JSON OUT``.
+Run as ``python -m opsynth.synth.catalog.worker NAME REF CONFIG_JSON OUT``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import replace
 from typing import IO, Any
 
 from opsynth.config import SeedsConfig
-from synth.catalog.plugins import load_adapter
-from synth.catalog.spec import CatalogSpec
-from synth.catalog.validate import rejection, validate
+from opsynth.synth.catalog.plugins import load_adapter
+from opsynth.synth.catalog.spec import CatalogSpec
+from opsynth.synth.catalog.validate import rejection, validate
 
 
 def _emit(out: IO[str], task: Any, verdict: Any) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from opsynth.store import write_text_atomic
-from synth.llm.prompts import Messages
+from opsynth.synth.llm.prompts import Messages
 
 
 def request_key(messages: Messages, model: str, params: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import openai
 
 from opsynth.config import LlmConfig
-from synth.llm.prompts import Messages
+from opsynth.synth.llm.prompts import Messages
 
 # Without a key the client refuses to start; local servers accept any, OpenAI answers 401.
 NO_KEY = "no-key"

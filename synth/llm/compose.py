@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import synth
+from opsynth import synth
 from opsynth.config import ComposeConfig
 from opsynth.record import Task, Verdict, utc_now
-from synth.compose import standalone_task
-from synth.llm import prompts
-from synth.llm.cache import ReplyCache, request_key
-from synth.llm.client import ChatClient, Completion, LlmFailure, request_params
-from synth.llm.parse import Rejected, parse_reply
-from synth.sampling import TRANSFORMERS, Sampler, chain_length, split_seeds
+from opsynth.synth.compose import standalone_task
+from opsynth.synth.llm import prompts
+from opsynth.synth.llm.cache import ReplyCache, request_key
+from opsynth.synth.llm.client import ChatClient, Completion, LlmFailure, request_params
+from opsynth.synth.llm.parse import Rejected, parse_reply
+from opsynth.synth.sampling import TRANSFORMERS, Sampler, chain_length, split_seeds
 
 COMPOSER = "llm"
 STAGE = "compose"

@@ -17,7 +17,9 @@ Messages = list[dict[str, str]]
 
 
 def _template(name: str) -> str:
-    return (resources.files("synth.llm") / "prompts" / f"{name}.md").read_text(encoding="utf-8")
+    return (resources.files("opsynth.synth.llm") / "prompts" / f"{name}.md").read_text(
+        encoding="utf-8"
+    )
 
 
 SYSTEM = _template("system")

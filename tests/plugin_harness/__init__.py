@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from filters.harness import CODE_FILE, Harness, register
+from opsynth.filters.harness import CODE_FILE, Harness, register
 
 STAGES = ("first", "second")
 HARNESS = register(
