@@ -388,13 +388,15 @@ class FiltersConfig(_Section):
     )
     recycle_after: int = Field(default=50, ge=1, description="candidates per worker life")
     candidates_per_process_cuda: int = Field(
-        default=8,
+        default=1,
         ge=1,
-        description="on CUDA, candidates one sandboxed process may run in turn, each after the "
-        "last passed the state audit (filters.state_audit): a host creates CUDA contexts one at "
-        "a time and each process needs one (rates at 1 and 8: benchmarks/RESULTS.md). 1 = a "
-        "fresh process per candidate, so no candidate's verdict can depend on another's, at "
-        "the cost of that rate",
+        description="on CUDA, candidates one sandboxed process may run in turn. 1 (the default) "
+        "= a fresh process per candidate, so no candidate's verdict can depend on another's. "
+        "Above 1 a process takes the next candidate after passing the state audit "
+        "(filters.state_audit), which runs inside that process and so is the candidate's own "
+        "claim: faster (a host creates CUDA contexts one at a time; rates at 1 and 8 in "
+        "benchmarks/RESULTS.md), for a candidate that forges a clean audit can bias the next "
+        "one's samples",
     )
     candidates_per_process_cpu: int = Field(
         default=1,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -39,9 +40,13 @@ TINY = REGENERATE_TINY.replace("target = 3\n", "target = 2\n", 1)
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, the fresh environment's bin folder)."""
     base = tmp_path_factory.mktemp("wheel")
+    # built from a copy: setuptools writes build/ and *.egg-info into the folder it builds
+    source = base / "source"
+    skip = shutil.ignore_patterns(".*", "runs", "build", "dist", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, source, ignore=skip)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(base / "dist"), str(ROOT)],
+        + ["-w", str(base / "dist"), str(source)],
         capture_output=True,
         text=True,
         cwd=base,
