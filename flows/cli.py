@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -75,6 +76,7 @@ def run(
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         fail(str(exc))
         return
+
     counts = manifest["counts"]
     print_funnel(manifest["funnel"], f"funnel ({resolved})")
     Console().print(
@@ -115,8 +117,12 @@ def _progress_bar():
 
 
 def _progress_callback(bar):
+    """One bar per stage on a terminal; elsewhere (a log, a pipe), where a bar shows nothing
+    until it ends, a plain line when a stage starts, at most every ``LINE_EVERY_S`` while it
+    runs, and when it is done."""
     ids: dict[str, int] = {}
     base: dict[str, int] = {}
+    printed: dict[str, float] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
         # each shard reports done/total of its own; accumulate into one bar per stage
@@ -125,12 +131,30 @@ def _progress_callback(bar):
             base[stage] = 0
         if done == 0:
             base[stage] = int(bar.tasks[ids[stage]].completed)
-        bar.update(ids[stage], completed=base[stage] + done, total=max(base[stage] + total, 1))
+        completed, whole = base[stage] + done, max(base[stage] + total, 1)
+        bar.update(ids[stage], completed=completed, total=whole)
+        if not console.is_terminal:
+            now = time.monotonic()
+            due = now - printed.get(stage, -LINE_EVERY_S) >= LINE_EVERY_S
+            if stage not in printed or completed >= whole or due:
+                printed[stage] = now
+                console.print(f"{stage}: {completed}/{whole}", highlight=False)
 
     return progress
 
 
+LINE_EVERY_S = 10.0
+
+
+def _starting(what: str, run_dir: RunDir, device: str) -> None:
+    """The first line a long command prints, before Prefect's server starts."""
+    console.print(
+        f"{what} -> {run_dir.root} on {device}: starting Prefect's local server", highlight=False
+    )
+
+
 def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str) -> dict:
+    _starting("opsynth run", run_dir, device)
     start_prefect(run_dir)
     from opsynth.flows.regenerate import regenerate
     from opsynth.flows.runners import LocalOnly, task_runner
@@ -160,6 +184,7 @@ def audit(
         run_dir = RunDir.create(out)
         tasks_file = run_dir.path("input.parquet")
         write_tasks(_load_input(input, sample, seed), tasks_file)
+        _starting("opsynth audit", run_dir, resolved)
         start_prefect(run_dir)
         from opsynth.flows.audit import audit as audit_flow
         from opsynth.flows.runners import LocalOnly, task_runner
@@ -171,6 +196,7 @@ def audit(
             manifest = flow(str(run_dir.root), cfg, str(tasks_file), resolved, input, progress)
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         fail(str(exc))
+
         return
     print_funnel(manifest["funnel"], f"audit of {input} ({resolved})")
     counts = manifest["counts"]

@@ -62,7 +62,9 @@ def regenerate(
     )
     run.write_manifest(manifest)
 
+    progress("seeds", 0, 1)
     seeds = seeds_stage(run, cfg, ledger)
+    progress("seeds", 1, 1)
     candidates: list[Task] = []
     verdicts: list[Verdict] = []
     seen: set[str] = set()
@@ -76,7 +78,9 @@ def regenerate(
                 break
             wanted = math.ceil(need * cfg.compose.oversample)
             produced = [t.ops for t in candidates]
+            progress(f"compose round {round_index}", 0, wanted)
             drawn = compose_stage(run, cfg, seeds, round_index, wanted, ledger, produced)
+            progress(f"compose round {round_index}", wanted, wanted)
             fresh = {t.id for t in drawn.tasks} - seen
             seen |= fresh
             candidates += [t for t in drawn.tasks if t.id in fresh]

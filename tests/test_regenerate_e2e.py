@@ -77,7 +77,17 @@ def reference_run(tmp_path_factory, tiny_config) -> Path:
     out = tmp_path_factory.mktemp("ref") / "run"
     proc = opsynth("run", "--out", str(out), "--config", str(tiny_config), cwd=out.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (out.parent / "stderr.txt").write_text(proc.stderr)
     return out
+
+
+def test_a_run_reports_progress_from_its_start(reference_run) -> None:
+    """Not on a terminal (a log, CI), every stage still says when it starts and ends, and the
+    first line comes before Prefect's server starts."""
+    lines = (reference_run.parent / "stderr.txt").read_text().splitlines()
+    assert lines[0].startswith("opsynth run -> ") and "starting Prefect" in lines[0], lines[:3]
+    for stage in ("seeds: 0/1", "seeds: 1/1", "compose round 0: 0/", "filter: "):
+        assert any(line.startswith(stage) for line in lines), (stage, lines[:20])
 
 
 def test_run_writes_every_stage_file(reference_run):
