@@ -181,7 +181,10 @@ def _regenerate(data: RunData, card: CardInput) -> str:
         f"- config hash `{m.get('config_hash', '')}` (the run's full config is `{CONFIG_PATH}` "
         f"and, with counts and versions, `{MANIFEST_PATH}`)",
         f"- opsynth {m.get('versions', {}).get('opsynth', '')}; "
-        "the same config on the same device class gives the same candidates and verdicts",
+        "the same config composes the same candidates; sizing and the runtime window measure "
+        "time, so on another run (even on the same device class) a task whose eager time sits "
+        "near a sizing step or a window edge may be sized or judged otherwise (each row's "
+        "sizing steps are in its `meta.sizing`)",
     ]
     if m.get("input_rows") and m.get("input_rows") != m.get("counts", {}).get("candidates"):
         lines.append(
