@@ -1,4 +1,4 @@
-"""One warm ``WorkerPool`` per process, for the engine workers (Dask, Ray) of a scale-out run.
+"""One warm ``WorkerPool`` per process, for the Dask workers of a scale-out run.
 
 An engine worker runs many filter shards over its life; starting a pool per shard would pay
 the sandboxed workers' torch import every time, so the pool is kept and reused while the

@@ -33,7 +33,7 @@ def audit(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Audit the tasks in ``tasks_file`` (parquet). A path, not the rows, is the parameter:
-    Prefect sends a flow's parameters with every task it submits to Dask or Ray, and a full
+    Prefect sends a flow's parameters with every task it submits to Dask, and a full
     Ops-6K is ~10 MB of code per shard."""
     from opsynth.ast_dedup.dedup import dedup
 

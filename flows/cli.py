@@ -35,11 +35,11 @@ app = typer.Typer(
 
 RunnerOption = Annotated[
     str | None,
-    typer.Option("--runner", help="local | dask | ray: where filter shards run [runner]"),
+    typer.Option("--runner", help="local | dask: where filter shards run [runner]"),
 ]
 RunnerAddressOption = Annotated[
     str | None,
-    typer.Option("--runner-address", help="existing Dask/Ray cluster; empty = start one"),
+    typer.Option("--runner-address", help="existing Dask cluster; empty = start one"),
 ]
 UnsafeOption = Annotated[
     bool,
@@ -101,7 +101,7 @@ def _with_runner(cfg: RunConfig, kind: str | None, address: str | None) -> RunCo
     try:
         return cfg.with_section("runner", **values)
     except ValueError as exc:
-        raise UserError(f"--runner must be local, dask or ray, not {kind!r}") from exc
+        raise UserError(f"--runner must be local or dask, not {kind!r}") from exc
 
 
 def _progress_bar():

@@ -3,8 +3,7 @@
 ``local`` needs nothing: the flow keeps one in-process pool. ``dask`` (prefect-dask) connects
 to ``runner.address`` or starts a local cluster with one worker per GPU set, each seeing only
 its GPUs (``CUDA_VISIBLE_DEVICES``) and an equal share of the cores (``OPSYNTH_CPUS``, see
-``filters.process_pool``). ``ray`` (prefect-ray, the optional ``ray`` extra) connects to
-``runner.address`` or starts Ray locally; each shard asks Ray for ``gpus_per_worker`` GPUs.
+``filters.process_pool``).
 """
 
 from __future__ import annotations
@@ -68,18 +67,15 @@ def task_runner(runner: RunnerConfig, device: str, filters: FiltersConfig | None
     they start (``process_pool.dask_setup``), while the orchestrator is still prefiltering."""
     if runner.kind == "local":
         return None
-    if runner.kind == "dask":
-        dask_runner = _runner_class("prefect_dask", "DaskTaskRunner", "dask")
-        if runner.address:
-            return dask_runner(address=runner.address)
-        plans = plan_workers(runner, device, sorted(os.sched_getaffinity(0)), _gpus(device))
-        if filters is not None:
-            plans = [{**env, WARM_ENV: warm_spec(filters, device)} for env in plans]
-        share_prefect_server()
-        cluster = {"plans": plans, "threads": runner.shards_per_worker}
-        return dask_runner(cluster_class=local_dask_cluster, cluster_kwargs=cluster)
-    ray_runner = _runner_class("prefect_ray", "RayTaskRunner", "ray")
-    return ray_runner(address=runner.address or None)
+    dask_runner = _runner_class("prefect_dask", "DaskTaskRunner", "dask")
+    if runner.address:
+        return dask_runner(address=runner.address)
+    plans = plan_workers(runner, device, sorted(os.sched_getaffinity(0)), _gpus(device))
+    if filters is not None:
+        plans = [{**env, WARM_ENV: warm_spec(filters, device)} for env in plans]
+    share_prefect_server()
+    cluster = {"plans": plans, "threads": runner.shards_per_worker}
+    return dask_runner(cluster_class=local_dask_cluster, cluster_kwargs=cluster)
 
 
 def share_prefect_server() -> None:
@@ -113,7 +109,7 @@ def _runner_class(module: str, name: str, kind: str):
 
 class LocalOnly:
     """A callable flow parameter (the CLI's progress bar) that stays in the orchestrator.
-    Prefect sends the flow run's parameters with every task it submits to Dask or Ray, and a
+    Prefect sends the flow run's parameters with every task it submits to Dask, and a
     progress bar holds locks that cannot be pickled; this pickles as a no-op instead, which is
     all a remote task needs, since only the orchestrator reports progress."""
 
@@ -129,19 +125,6 @@ class LocalOnly:
 
 def _ignore(*args: Any) -> None:
     return None
-
-
-def submit_options(runner: RunnerConfig, device: str):
-    """A context manager around ``.submit()`` carrying per-shard resource requests: Ray
-    reserves ``gpus_per_worker`` GPUs per shard on cuda (and sets its CUDA_VISIBLE_DEVICES);
-    Dask workers already own theirs."""
-    import contextlib
-
-    if runner.kind == "ray" and device == "cuda":
-        from prefect_ray.context import remote_options
-
-        return remote_options(num_gpus=runner.gpus_per_worker)
-    return contextlib.nullcontext()
 
 
 def _gpus(device: str) -> list[str]:

@@ -198,7 +198,7 @@ def shard_path(run: RunDir, cfg: RunConfig, shard: list[Task], device: str) -> P
 
 @task(name="filter-shard-remote", cache_policy=NO_CACHE)
 def remote_filter_shard(filters: FiltersConfig, device: str, shard: list[Task]) -> list[Verdict]:
-    """One shard on a task-runner worker (Dask, Ray), on that process's warm pool."""
+    """One shard on a task-runner worker (Dask), on that process's warm pool."""
     from opsynth.filters import process_pool
 
     results = process_pool.evaluate(filters, device, shard)
@@ -218,19 +218,16 @@ def scatter_shards(
     engine's workers; verdicts come back in shard order whatever order shards finish in."""
     from prefect.futures import as_completed
 
-    from opsynth.flows.runners import submit_options
-
     done: dict[int, list[Verdict]] = {}
     pending = {}
-    with submit_options(cfg.runner, device):
-        for i, shard in enumerate(shards):
-            path = shard_path(run, cfg, shard, device)
-            if path.exists():
-                ledger.note("filter-shard", True)
-                done[i] = read_verdicts(path)
-                continue
-            future = remote_filter_shard.submit(cfg.filters, device, shard)
-            pending[future.task_run_id] = (i, future)
+    for i, shard in enumerate(shards):
+        path = shard_path(run, cfg, shard, device)
+        if path.exists():
+            ledger.note("filter-shard", True)
+            done[i] = read_verdicts(path)
+            continue
+        future = remote_filter_shard.submit(cfg.filters, device, shard)
+        pending[future.task_run_id] = (i, future)
     for future in as_completed([f for _, f in pending.values()]):
         i, _ = pending[future.task_run_id]
         done[i] = future.result()
@@ -295,12 +292,9 @@ def scatter_probes(cfg: RunConfig, batch: list[Task], device: str) -> dict[str, 
     a cluster the GPUs that filter size as well, so the orchestrator needs no GPU, and rounds
     of thousands of probes spread over every GPU (sizing a candidate takes two or three
     probes, each a fresh process on a GPU). Per task id, in the batch's order."""
-    from opsynth.flows.runners import submit_options
-
     size = cfg.filters.shard_size
     shards = [batch[start : start + size] for start in range(0, len(batch), size)]
-    with submit_options(cfg.runner, device):
-        futures = [remote_probe_shard.submit(cfg.filters, device, shard) for shard in shards]
+    futures = [remote_probe_shard.submit(cfg.filters, device, shard) for shard in shards]
     found = group_by_task([v for future in futures for v in future.result()])
     return {t.id: found.get(t.id, []) for t in batch}
 

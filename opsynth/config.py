@@ -735,19 +735,19 @@ class PublishConfig(_Section):
 
 class RunnerConfig(_Section):
     """Where the sandboxed filter shards run. ``local`` keeps one warm pool in this process;
-    ``dask`` and ``ray`` submit every shard to the engine's workers at once, each worker
+    ``dask`` submits every shard to the Dask cluster's workers at once, each worker
     running its own warm pool, so a cluster of GPU hosts filters in parallel. Not part of the
     config hash: where a shard ran never changes its verdicts."""
 
-    kind: Literal["local", "dask", "ray"] = Field(
+    kind: Literal["local", "dask"] = Field(
         default="local",
-        description="local = one in-process worker pool; dask (prefect-dask) or ray "
-        "(prefect-ray, the `ray` extra) = shards submitted concurrently to that engine",
+        description="local = one in-process worker pool; dask (prefect-dask, the `dask` "
+        "extra) = shards submitted concurrently to a Dask cluster",
     )
     address: str = Field(
         default="",
-        description="an existing cluster (dask: tcp://host:8786, ray: ray://host:10001 or "
-        "auto); empty = start a local cluster on this host for the run",
+        description="an existing Dask cluster (tcp://host:8786); empty = start a local "
+        "cluster on this host for the run",
     )
     workers: int = Field(
         default=0,
@@ -759,7 +759,7 @@ class RunnerConfig(_Section):
         default=1,
         ge=1,
         description="GPUs each cluster worker gets on cuda (CUDA_VISIBLE_DEVICES of a local "
-        "Dask worker; num_gpus of each Ray task)",
+        "Dask worker)",
     )
     shards_per_worker: int = Field(
         default=2,

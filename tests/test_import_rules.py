@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "trainer": {"opsynth", "filters", "evaluator"},
     "flows": {"opsynth", "synth", "filters", "ast_dedup", "evaluator", "trainer"},
 }
-ONLY_IN_FLOWS = ("prefect", "prefect_dask", "prefect_ray")
+ONLY_IN_FLOWS = ("prefect", "prefect_dask")
 STAGES = tuple(name for name in ALLOWED if name != "opsynth")
 
 

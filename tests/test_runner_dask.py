@@ -130,7 +130,7 @@ def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
         cwd=ROOT,
         timeout=120,
     )
-    assert bad.returncode == 2 and "--runner must be local, dask or ray" in bad.stderr
+    assert bad.returncode == 2 and "--runner must be local or dask" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
