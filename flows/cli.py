@@ -324,6 +324,10 @@ from opsynth.flows.cli_rollout import rft, rollout  # noqa: E402  (registered he
 app.command(name="rollout")(rollout)
 app.command(name="rft")(rft)
 
+from opsynth.flows.cli_refdata import refdata_app  # noqa: E402  (registered here, defined on its own)
+
+app.add_typer(refdata_app, name="refdata")
+
 from opsynth.flows.cli_train import train_app  # noqa: E402  (registered here, defined on its own)
 
 app.add_typer(train_app, name="train")

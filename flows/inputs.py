@@ -25,14 +25,13 @@ def load_input(source: str) -> list[Task]:
             raise AuditInputError(f"--input {exc}") from None
     if source.count("/") != 1 or source.endswith(".parquet"):
         raise AuditInputError(f"--input {source}: no such file and not a Hub dataset id ORG/NAME")
-    try:
-        import datasets
+    from opsynth.flows.hub_data import HubLoadError, load_hub_dataset
 
-        rows = datasets.load_dataset(source, split="train")
-    except Exception as exc:
+    try:
+        rows = load_hub_dataset(source, split="train")
+    except HubLoadError as exc:
         raise AuditInputError(
-            f"--input {source}: could not load it from the Hub ({type(exc).__name__}); "
-            "check the id and the network, or pass a local parquet file"
+            f"--input {exc}; check the id and the network, or pass a local parquet file"
         ) from exc
     return [Task.from_row(dict(row)) for row in rows]
 

@@ -52,19 +52,13 @@ def load_reference(spec: str) -> tuple[str, Profile | list[dict[str, Any]]]:
 
 
 def _hub_rows(repo_id: str) -> list[dict[str, Any]]:
-    try:
-        import datasets
-        from huggingface_hub.utils import logging as hub_logging
+    from opsynth.flows.hub_data import HubLoadError, load_hub_dataset
 
-        # their retry and progress messages would bury the one-line error below
-        datasets.logging.set_verbosity_error()
-        datasets.disable_progress_bars()
-        hub_logging.set_verbosity_error()
-        loaded = datasets.load_dataset(repo_id, split=HUB_SPLIT)
-    except Exception as exc:  # network, auth, missing repo, bad files: all one line
+    try:
+        loaded = load_hub_dataset(repo_id, split=HUB_SPLIT)
+    except HubLoadError as exc:
         raise ReferenceLoadError(
-            f"--reference {repo_id}: could not load it from the Hub ({type(exc).__name__}); "
-            "check the id and the network, or pass a local parquet or profile"
+            f"--reference {exc}; check the id and the network, or pass a local parquet or profile"
         ) from exc
     missing = [c for c in COLUMNS if c not in loaded.column_names]
     if missing:

@@ -85,7 +85,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def _atomic_write_table(table: pa.Table, path: Path) -> None:
+def write_table_atomic(table: pa.Table, path: Path) -> None:
     tagged = table.replace_schema_metadata({b"opsynth_schema": str(SCHEMA_VERSION).encode()})
     sink = pa.BufferOutputStream()
     pq.write_table(tagged, sink)
@@ -94,12 +94,12 @@ def _atomic_write_table(table: pa.Table, path: Path) -> None:
 
 def write_tasks(tasks: Iterable[Task], path: Path) -> None:
     rows = [t.to_row() for t in tasks]
-    _atomic_write_table(pa.Table.from_pylist(rows, schema=TASK_SCHEMA), path)
+    write_table_atomic(pa.Table.from_pylist(rows, schema=TASK_SCHEMA), path)
 
 
 def write_verdicts(verdicts: Iterable[Verdict], path: Path) -> None:
     rows = [v.to_row() for v in verdicts]
-    _atomic_write_table(pa.Table.from_pylist(rows, schema=VERDICT_SCHEMA), path)
+    write_table_atomic(pa.Table.from_pylist(rows, schema=VERDICT_SCHEMA), path)
 
 
 def read_table(path: Path) -> pa.Table:
