@@ -426,3 +426,22 @@ class HubServer(ThreadingHTTPServer):
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
         self.server_close()
+
+
+def client_env(hub: HubServer, token: str, home: str) -> dict[str, str]:
+    """The environment for the real clients in a subprocess to use ``hub`` (they read it
+    when imported): its endpoint and token, a private HF_HOME, no Xet, no telemetry, no
+    progress bars."""
+    import os
+
+    return {
+        **os.environ,
+        "HF_ENDPOINT": hub.url,
+        "HF_TOKEN": token,
+        "HF_HOME": home,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        "NO_PROXY": "127.0.0.1",
+    }

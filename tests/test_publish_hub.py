@@ -7,7 +7,6 @@ is immutable, and every bad input is one line with exit code 2.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hubserver import HubServer
+from hubserver import HubServer, client_env
 from runfactory import make_run
 
 TOKEN = "hf_test_secret_token_0123456789"
@@ -51,18 +50,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def env(hub, tmp_path_factory):
-    home = tmp_path_factory.mktemp("hf")
-    return {
-        **os.environ,
-        "HF_ENDPOINT": hub.url,
-        "HF_TOKEN": TOKEN,
-        "HF_HOME": str(home),
-        "HF_HUB_DISABLE_XET": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-        "NO_PROXY": "127.0.0.1",
-    }
+    return client_env(hub, TOKEN, str(tmp_path_factory.mktemp("hf")))
 
 
 def opsynth(env: dict, *args: str) -> subprocess.CompletedProcess:

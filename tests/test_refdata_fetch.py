@@ -7,14 +7,13 @@ one line with exit code 2."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from hubserver import HubServer
+from hubserver import HubServer, client_env
 
 from opsynth import refdata
 
@@ -42,18 +41,8 @@ OPS6K = [{"ops": '["torch.relu"]', "data_source": "torch#1", "code": CODE}]
 def env(tmp_path_factory):
     home = tmp_path_factory.mktemp("hf")
     with HubServer({TOKEN: ["org"]}) as hub:
-        env = {
-            **os.environ,
-            "HF_ENDPOINT": hub.url,
-            "HF_TOKEN": TOKEN,
-            "HF_HOME": str(home),
-            "HF_HUB_DISABLE_XET": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-            "NO_PROXY": "127.0.0.1",
-            "OPSYNTH_CACHE": str(tmp_path_factory.mktemp("cache")),
-        }
+        env = client_env(hub, TOKEN, str(home))
+        env["OPSYNTH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
         pushed = subprocess.run(
             [sys.executable, "-c", PUSH, json.dumps(KERNELBENCH), json.dumps(OPS6K)],
             env=env,
