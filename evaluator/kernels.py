@@ -36,7 +36,7 @@ def function_name(kernel: str) -> str:
     """``void at::native::foo<4, F>(int, F)`` -> ``at::native::foo``."""
     name = kernel.replace(ANONYMOUS, "{anon}").strip()
     name = re.split(r"[<(]", name, maxsplit=1)[0].strip()
-    return name.split(" ")[-1] if " " in name else name
+    return name.split(" ")[-1]
 
 
 def is_torch_compute(kernel: str) -> bool:

@@ -76,7 +76,6 @@ def run(
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         fail(str(exc))
         return
-
     counts = manifest["counts"]
     print_funnel(manifest["funnel"], f"funnel ({resolved})")
     Console().print(
@@ -196,7 +195,6 @@ def audit(
             manifest = flow(str(run_dir.root), cfg, str(tasks_file), resolved, input, progress)
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         fail(str(exc))
-
         return
     print_funnel(manifest["funnel"], f"audit of {input} ({resolved})")
     counts = manifest["counts"]

@@ -25,10 +25,15 @@ KERNELBENCH_FIELDS = ("level", "problem_id", "name", "code")
 OPS6K_FIELDS = ("ops", "data_source", "code")
 
 
+def user_cache_dir() -> Path:
+    """Where opsynth keeps files across runs (catalogues, fetched reference data):
+    ``$OPSYNTH_CACHE``, else ``~/.cache/opsynth``."""
+    return Path(os.environ.get("OPSYNTH_CACHE") or Path.home() / ".cache" / "opsynth").expanduser()
+
+
 def user_shared_dir() -> Path:
     """The user cache's copy of the reference data."""
-    base = os.environ.get("OPSYNTH_CACHE") or Path.home() / ".cache" / "opsynth"
-    return Path(base).expanduser() / "shared"
+    return user_cache_dir() / "shared"
 
 
 def shared_dir() -> Path | None:
@@ -73,7 +78,6 @@ def write_kernelbench(rows: list[dict[str, Any]], base: Path) -> Path:
     from opsynth.store import write_text_atomic
 
     dest = base / KERNELBENCH
-    dest.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(dest, "".join(json.dumps(r) + "\n" for r in rows))
     return dest
 
@@ -95,6 +99,5 @@ def write_ops6k(rows: Iterable[Mapping[str, Any]], base: Path) -> Path:
         table["data_source"].append(str(row["data_source"]))
         table["code"].append(str(row["code"]))
     dest = base / OPS6K
-    dest.parent.mkdir(parents=True, exist_ok=True)
     write_table_atomic(pa.table(table), dest)
     return dest

@@ -370,25 +370,16 @@ class Solver:
                 except Degenerate as exc:
                     last = exc
                     continue
+                if follow(out, continuation(out)).dim() == 0 and UNREDUCED[0] not in dict(varied):
+                    retried = self._with(state, base, main, key, (*varied, UNREDUCED))
+                    if retried is not None:  # else it takes no reduction: stays a scalar
+                        link, trial, out, cost, varied = retried
+                if _splits_the_batch(out, target) and ALONG_DIM_1[0] not in dict(varied):
+                    retried = self._with(state, base, main, key, (*varied, ALONG_DIM_1))
+                    if retried is not None:  # else the replay at another batch refuses it
+                        link, trial, out, cost, varied = retried
                 path = continuation(out)
                 following = follow(out, path)
-                if following.dim() == 0 and UNREDUCED[0] not in dict(varied):
-                    varied = (*varied, UNREDUCED)
-                    try:
-                        link, trial, out, cost = self._attempt(state, base, main, key, varied)
-                        path = continuation(out)
-                        following = follow(out, path)
-                    except Degenerate:
-                        varied = varied[:-1]  # takes no reduction: stays a scalar
-                if _splits_the_batch(out, target) and ALONG_DIM_1[0] not in dict(varied):
-                    try:
-                        retried = self._attempt(state, base, main, key, (*varied, ALONG_DIM_1))
-                        link, trial, out, cost = retried
-                        varied = (*varied, ALONG_DIM_1)
-                        path = continuation(out)
-                        following = follow(out, path)
-                    except Degenerate:
-                        pass  # the replay at another batch refuses it
                 if following.dim() == 0 and position < k - 1:
                     last = Degenerate("scalar", f"{seed.spec.name} leaves a scalar mid-chain")
                     continue
@@ -399,6 +390,13 @@ class Solver:
                 state.inputs, state.running = trial, following
                 return
         raise last
+
+    def _with(self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple):
+        """``_attempt`` with ``varied`` and ``varied`` itself, or None when it is Degenerate."""
+        try:
+            return (*self._attempt(state, base, main, key, varied), varied)
+        except Degenerate:
+            return None
 
     def _attempt(self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple):
         """One argument variation of ``base`` as the next link, run on meta: the link, the

@@ -20,7 +20,7 @@ from typing import Any
 
 from opsynth.config import SeedsConfig
 from opsynth.record import Verdict
-from opsynth.refdata import OPS6K, shared_file
+from opsynth.refdata import OPS6K, shared_file, user_cache_dir
 from opsynth.store import digest, write_tasks, write_text_atomic, write_verdicts
 from opsynth.synth.catalog.coverage import coverage
 from opsynth.synth.catalog.extract import Extraction, extract
@@ -99,9 +99,7 @@ def cache_root(cfg: SeedsConfig) -> Path | None:
         return None
     if cfg.cache_dir:
         return Path(cfg.cache_dir).expanduser()
-    if os.environ.get("OPSYNTH_CACHE"):
-        return Path(os.environ["OPSYNTH_CACHE"]).expanduser()
-    return Path.home() / ".cache" / "opsynth"
+    return user_cache_dir()
 
 
 def ensure_catalogue(run_root: Path, cfg: SeedsConfig) -> bool:
