@@ -369,6 +369,7 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "compile_cache": "trusted layer reused"
         if args.warm_cache
         else "trusted layer built at start",
+        "preimported": pool["stats"].get("preimported", 0),
         "prestart_child": cfg.prestart_child,
         "batch_timers": cfg.batch_timers,
         "candidates_per_process": cfg.candidates_per_process(device),
@@ -488,6 +489,7 @@ def table(s: dict[str, Any]) -> str:
         ),
         ("candidates", f"{c['total']} ({mix}); kept {c['kept']}"),
         ("compile cache", s["compile_cache"]),
+        ("modules each worker imported before its candidates", s.get("preimported", 0)),
         ("GPU lock: timed sections batched", s["batch_timers"]),
         ("candidates per process", s.get("candidates_per_process", 1)),
         ("sizing: device-memory cap (GiB; 0 = none)", s["sizing_max_device_gib"]),

@@ -16,6 +16,11 @@ reference. So caches come in two layers:
   candidate starts; then sealed (owned by the orchestrator, no write bits) and bound
   read-only into every sandbox. It holds what every compile pays for whatever it compiles:
   the C++ precompiled header, Triton's compiled driver, launchers and the warm-up's kernels.
+  It also names the modules the warm-up's compiles imported (``IMPORTS``): a first
+  ``torch.compile`` imports a few hundred of them (codegen, pattern tables, Triton's language),
+  and the site-packages of a sandbox are read-only without bytecode, so a fresh candidate
+  process would compile them from source each time. The worker imports them once, before it
+  forks candidates (``preimport``).
 
 A compile reads the trusted layer and writes to its private one: Triton through links in the
 private cache (one per trusted entry, made before each candidate), inductor's header step
@@ -35,6 +40,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -46,7 +52,10 @@ HEADERS = "precompiled_headers"
 TRITON = "triton"
 COMPLETE = "COMPLETE"
 LAYERS = "trusted-compile"  # under the configured cache dir, one folder per fingerprint
-WARMUP_VERSION = 1  # raised when ``warm`` compiles something else: layers are rebuilt
+IMPORTS = "imports.txt"  # the modules the warm-up's compiles imported, one name per line
+MAX_IMPORTS = 5000
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+WARMUP_VERSION = 2  # raised when ``warm`` compiles something else: layers are rebuilt
 
 
 def private_env(tmp: str) -> dict[str, str]:
@@ -185,13 +194,52 @@ def use_trusted_headers(trusted: str, lock_dir: str) -> bool:
     return True
 
 
+def preimport(trusted: str) -> int:
+    """Import the modules the trusted layer's warm-up imported while compiling (``IMPORTS``),
+    so that processes forked from this one find them loaded. A name that fails to import is
+    skipped: it costs its compile time later, never a verdict. Returns how many were named."""
+    if not trusted:
+        return 0
+    try:
+        with open(os.path.join(trusted, IMPORTS), encoding="utf-8") as fh:
+            names = fh.read().split()[:MAX_IMPORTS]
+    except (OSError, ValueError):
+        return 0
+    import importlib
+
+    for name in names:
+        if _MODULE_NAME.fullmatch(name):
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+    return len(names)
+
+
+def imported_since(before: set[str], *, outside: tuple[str, ...]) -> list[str]:
+    """Modules loaded since ``before`` from a source file that lies outside ``outside`` (the
+    caches, whose generated modules cannot be imported by name), in the order they were
+    first imported."""
+    roots = tuple(os.path.realpath(path) + os.sep for path in outside if path)
+    names = []
+    for name, module in list(sys.modules.items()):
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if name in before or not isinstance(origin, str) or not os.path.isfile(origin):
+            continue
+        if _MODULE_NAME.fullmatch(name) and not os.path.realpath(origin).startswith(roots):
+            names.append(name)
+    return names
+
+
 def warm(device: str, layer: str) -> None:
     """Fill ``layer`` by compiling a few small functions of opsynth's own on ``device``: enough
     to build the precompiled header (CPU) and Triton's driver and common launchers (CUDA), and
-    the state audit's tiny model that every reusable process compiles."""
+    the state audit's tiny model that every reusable process compiles, and a convolution and
+    matmul (extern kernels, whose lowering imports more); then name the modules those compiles
+    imported (``IMPORTS``)."""
     os.environ["TRITON_CACHE_DIR"] = os.path.join(layer, TRITON)
     import torch
     import torch._inductor.codecache as codecache
+
+    before = set(sys.modules)
 
     codecache._HEADER_DIR = os.path.join(layer, HEADERS)
     codecache._HEADER_LOCK_DIR = os.path.join(os.environ.get("TMPDIR", "/tmp"), "header-locks")
@@ -214,11 +262,30 @@ def warm(device: str, layer: str) -> None:
             x = x.to(device, dtype if x.is_floating_point() else x.dtype)
             torch._dynamo.reset()
             torch.compile(fn)(x)
+
+    def conv_matmul(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.conv2d(x, w).flatten(1) @ v
+        return torch.nn.functional.layer_norm(y, y.shape[-1:])
+
+    image, weights = torch.randn(2, 4, 8, 8, generator=generator), torch.randn(8, 4, 3, 3)
+    torch._dynamo.reset()
+    torch.compile(conv_matmul)(
+        image.to(device), weights.to(device), torch.randn(288, 16).to(device)
+    )
     from opsynth.filters import state_audit
 
     state_audit.prepare(device)  # every reusable process compiles this model first
     if device == "cuda":
         torch.cuda.synchronize()
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        inductor_cache = cache_dir()
+    except ImportError:
+        inductor_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+    caches = (layer, inductor_cache, os.environ.get("TRITON_CACHE_DIR", ""))
+    with open(os.path.join(layer, IMPORTS), "w", encoding="utf-8") as fh:
+        fh.writelines(f"{name}\n" for name in imported_since(before, outside=caches))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -238,6 +238,9 @@ class WorkerPool:
             "started_at": None,
             "start_s": None,
             "workers_replaced": 0,
+            # Modules a worker imported before forking candidates, as the trusted compile
+            # layer named them (filters.compile_cache.preimport); 0 without a layer.
+            "preimported": 0,
             "candidates": 0,
             # When the first and the latest candidate finished (epoch seconds): with several
             # pools on one run, whether one ran on after the others had nothing left.
@@ -913,6 +916,8 @@ class WorkerPool:
             self._start_failures = 0
             for key in ("device_name", "torch_version", "cuda_version"):
                 self.stats[key] = event.get(key) or self.stats.get(key)
+            if isinstance(event.get("preimported"), int):
+                self.stats["preimported"] = event["preimported"]
             return
         if kind == "released":
             if worker.state == "releasing":

@@ -186,7 +186,8 @@ class Worker:
         import torch  # noqa: F401  (warm: imported once, inherited by every child)
 
         if self.preimport:
-            # torch.compile's machinery takes seconds to import; do it once, here. Some torch
+            # torch.compile's machinery takes seconds to import; do it once, here, with the
+            # modules the trusted layer saw a first compile import (``preimport``). Some torch
             # versions ask CUDA for its device count while importing it, which makes a forked
             # child unable to use CUDA; the NVML-based check (PYTORCH_NVML_BASED_CUDA_CHECK,
             # set by the pool) avoids that, and the probe below catches it where it does not.
@@ -195,6 +196,7 @@ class Worker:
                 import torch._inductor.compile_fx  # noqa: F401
         import torch._inductor.codecache  # noqa: F401
 
+        preimported = compile_cache.preimport(self.trusted_cache) if self.preimport else 0
         locks = os.path.join(self.tmp, compile_cache.PRIVATE, "header-locks")
         compile_cache.use_trusted_headers(self.trusted_cache, locks)
 
@@ -212,6 +214,7 @@ class Worker:
             "pid": os.getpid(),
             "private_pidns": self.private_pidns,
             "import_s": round(import_s, 3),
+            "preimported": preimported,
             **info,
         }
         if failure or "device_name" not in info:

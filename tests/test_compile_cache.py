@@ -134,3 +134,48 @@ def test_headers_come_from_the_trusted_layer_or_not_at_all(
 def test_no_header_step_no_patch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch._inductor.codecache", types.ModuleType("codecache"))
     assert compile_cache.use_trusted_headers("/nowhere", "/nowhere/locks") is False
+
+
+def test_preimport_loads_the_named_modules_and_skips_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker imports what the warm-up named before it forks candidates: a real module
+    loads, a missing one or a line that is not a module name is skipped, never raised."""
+    package = tmp_path / "site" / "preimport_probe"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "codegen.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in ("preimport_probe", "preimport_probe.codegen"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    (layer / compile_cache.IMPORTS).write_text(
+        "preimport_probe.codegen\nno_such_module_anywhere\nos;system\n../evil\n"
+    )
+    assert compile_cache.preimport(str(layer)) == 4
+    assert sys.modules["preimport_probe.codegen"].LOADED
+    assert "no_such_module_anywhere" not in sys.modules
+    assert compile_cache.preimport(str(tmp_path / "no-layer")) == 0
+    assert compile_cache.preimport("") == 0  # no layer: nothing read, not even from the cwd
+
+
+def test_the_warm_up_names_library_modules_not_generated_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Modules loaded from a cache (inductor's generated code) cannot be imported by name in
+    another process: only those with a source file elsewhere are named."""
+    cache, site = tmp_path / "cache", tmp_path / "site"
+    for folder, name in ((cache, "c3kap5generated"), (site, "library_mod")):
+        folder.mkdir()
+        (folder / f"{name}.py").write_text("")
+        monkeypatch.syspath_prepend(str(folder))
+    before = set(sys.modules)
+    try:
+        import c3kap5generated  # noqa: F401
+        import library_mod  # noqa: F401
+
+        assert compile_cache.imported_since(before, outside=(str(cache), "")) == ["library_mod"]
+    finally:
+        sys.modules.pop("c3kap5generated", None)
+        sys.modules.pop("library_mod", None)

@@ -725,6 +725,9 @@ def test_a_candidate_cannot_pass_code_on_through_the_compile_cache(host: Host) -
     layer = compile_cache.layer_dir(str(host.cache_dir), "cpu")
     assert compile_cache.is_complete(layer)
     assert not list(Path(layer).rglob("planted.py"))
+    # the warm-up named what a first compile imports, and the worker imported it before forking
+    named = Path(layer, compile_cache.IMPORTS).read_text().split()
+    assert "torch._inductor.codegen.cpp" in named and stats["preimported"] == len(named), stats
 
 
 def sibling_attack(action: str) -> str:
