@@ -83,13 +83,15 @@ def test_solution_directory_layout(tmp_path: Path) -> None:
         load_solution(tmp_path / "kernels")
 
 
-def test_the_reference_as_its_own_solution_scores_1_on_every_seed_task(catalogue_seeds) -> None:
+def test_the_reference_as_its_own_solution_scores_1_on_every_seed_task(
+    catalogue_seeds, cpu_pool
+) -> None:
     """Harness sanity on CPU (the correctness path): every catalogue seed task of the test
     set, its own Model renamed ModelNew, scored leniently (its torch ops are flagged, not
     blocked)."""
     tasks = catalogue_seeds
     pairs = [(t, reference_solution(t)) for t in tasks]
-    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu")
+    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu", pool=cpu_pool)
     assert len(scores) == len(tasks) >= 20
     assert [(s.reward, s.reason) for s in scores] == [(1, "ok")] * len(tasks)
     # what strict scoring would block: every seed computes, except a transpose (a view)
@@ -98,11 +100,11 @@ def test_the_reference_as_its_own_solution_scores_1_on_every_seed_task(catalogue
     assert flagged.pop("torch.transpose") is False and all(flagged.values()), flagged
 
 
-def test_honest_extension_and_every_hack_in_one_sandboxed_batch() -> None:
+def test_honest_extension_and_every_hack_in_one_sandboxed_batch(cpu_pool) -> None:
     """Strict scoring: the honest C++ extension is correct (r = 1: CPU is not timed); each
     hacked solution gets -1 with its reason, from the static guards or the runtime ones."""
     pairs = [(task(), HONEST)] + [(task(), s) for s, _ in HACKS.values()]
-    scores, verdicts = score_pairs(pairs, EvalConfig(), filters_cfg(task_timeout_s=600.0), "cpu")
+    scores, verdicts = score_pairs(pairs, EvalConfig(), filters_cfg(), "cpu", pool=cpu_pool)
     honest, *hacked = scores
     assert (honest.reward, honest.reason, honest.flags) == (1, "ok", []), honest.detail
     build = next(v for v in verdicts if v.stage == "build" and v.measures.get("sources"))
@@ -111,9 +113,9 @@ def test_honest_extension_and_every_hack_in_one_sandboxed_batch() -> None:
         assert (score.reward, score.reason) == (-1, reason), (name, score.detail)
 
 
-def test_runtime_guards_catch_what_static_checks_allow() -> None:
+def test_runtime_guards_catch_what_static_checks_allow(cpu_pool) -> None:
     pairs = [(task(), s) for s, _ in RUNTIME_HACKS.values()]
-    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu")
+    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu", pool=cpu_pool)
     for score, (name, (_, reason)) in zip(scores, RUNTIME_HACKS.items(), strict=True):
         assert (score.reward, score.reason) == (-1, reason), (name, score.detail)
 

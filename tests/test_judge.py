@@ -11,23 +11,19 @@ import dataclasses
 import json
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from evaluator_cases import TASK, model_new, task
 
-from opsynth.config import EvalConfig, FiltersConfig
+from opsynth.config import EvalConfig
 from opsynth.evaluator.score import Job, harness_settings, score_of
 from opsynth.evaluator.solution import Solution
 from opsynth.filters import judge as j
-from opsynth.filters.pool import WorkerPool
 from opsynth.filters.samples import task_source
 from opsynth.filters.serve import proof_sum, sample_tensor
 from opsynth.record import Task
-
-CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
 
 
 def sample(t: torch.Tensor, seed: int = 7, k: int = j.SAMPLE_POSITIONS) -> list[j.Output]:
@@ -353,12 +349,11 @@ HIDES_COMPUTE = model_new(
 
 
 @pytest.fixture(scope="module")
-def judged() -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every solution above scored through the judge on one sandboxed pool (strict guards off
+def judged(cpu_pool: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every solution above scored through the judge on the session's pool (strict guards off
     and the static guards bypassed, so the judge alone stands between them and a reward),
     and a task whose patched clock claims 10 ms per forward, filtered with a 5 ms floor."""
     cfg = EvalConfig(strict=False, time_on_cpu=True, timed_runs=6, warmup_runs=1, trials=5)
-    filters = FiltersConfig(workers=2, cache_dir=str(CACHE), task_timeout_s=600.0)
     pairs = {name: Solution(name, code) for name, (code, _, _) in SOLUTIONS.items()}
     jobs = [Job(name, TASK, pair.files()) for name, pair in pairs.items()]
     fast = Task(ops=["too_fast"], data_source="torch#1", code=TOO_FAST)
@@ -366,13 +361,12 @@ def judged() -> tuple[dict[str, Any], dict[str, Any]]:
     # strict: compute hidden from the Python-level guard, ATen's kernels in its trace
     hidden = Solution("hides_compute_from_the_guard", HIDES_COMPUTE)
     strict = EvalConfig(strict=True, time_on_cpu=True, timed_runs=6, warmup_runs=1, trials=2)
-    with WorkerPool(filters, "cpu") as pool:
-        rows = pool.run_harness(jobs, "evaluator", harness_settings(cfg))
-        hidden_rows = pool.run_harness(
-            [Job(hidden.name, TASK, hidden.files())], "evaluator", harness_settings(strict)
-        )
-        filtered = pool.wait(pool.submit([fast], overrides={"window_ms": [5.0, 60000.0]}))
-        deferred = pool.wait(pool.submit([slow], overrides={"window_ms": [0.0, 20.0]}))
+    rows = cpu_pool.run_harness(jobs, "evaluator", harness_settings(cfg))
+    hidden_rows = cpu_pool.run_harness(
+        [Job(hidden.name, TASK, hidden.files())], "evaluator", harness_settings(strict)
+    )
+    filtered = cpu_pool.wait(cpu_pool.submit([fast], overrides={"window_ms": [5.0, 60000.0]}))
+    deferred = cpu_pool.wait(cpu_pool.submit([slow], overrides={"window_ms": [0.0, 20.0]}))
     scores = {name: score_of(task(), pairs[name], rows[name], cfg) for name in pairs}
     scores[hidden.name] = score_of(task(), hidden, hidden_rows[hidden.name], strict)
     return scores, filtered[fast.id], deferred[slow.id]

@@ -49,14 +49,18 @@ task_timeout_s = 90.0
 """
 
 
-def opsynth(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def opsynth(
+    *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess; ``env`` adds to the environment (``prefect_api``: the session's
+    Prefect server instead of a temporary one per run)."""
     return subprocess.run(
         [sys.executable, "-m", "opsynth.flows.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
 
 
@@ -115,10 +119,10 @@ def test_run_writes_every_stage_file(reference_run):
         assert meta["sizing"]["device"].startswith("cpu") and meta["sizing"]["steps"]
 
 
-def test_rerun_recomputes_nothing(reference_run, tiny_config):
+def test_rerun_recomputes_nothing(reference_run, tiny_config, prefect_api):
     before = accepted_rows(reference_run)
     args = ("run", "--out", str(reference_run), "--config", str(tiny_config))
-    proc = opsynth(*args, cwd=reference_run)
+    proc = opsynth(*args, cwd=reference_run, env=prefect_api)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((reference_run / "run.json").read_text())
     assert manifest["work"]["computed"] == {}
@@ -132,7 +136,7 @@ def test_status_shows_funnel(reference_run):
     assert "compile" in proc.stdout and "complete" in proc.stdout
 
 
-def _kill_when(out: Path, tiny_config: Path, ready) -> None:
+def _kill_when(out: Path, tiny_config: Path, ready, env: dict[str, str]) -> None:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -145,6 +149,7 @@ def _kill_when(out: Path, tiny_config: Path, ready) -> None:
             str(tiny_config),
         ],
         cwd=out.parent,
+        env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -159,22 +164,26 @@ def _kill_when(out: Path, tiny_config: Path, ready) -> None:
         proc.wait()
 
 
-def test_sigkill_twice_then_resume_gives_identical_dataset(tmp_path, tiny_config, reference_run):
+def test_sigkill_twice_then_resume_gives_identical_dataset(
+    tmp_path, tiny_config, reference_run, prefect_api
+):
     """Killed early (seconds in), then killed again in the resumed run as soon as it has
     written a filter shard: the third run finishes with the reference run's dataset, reusing
     the shards written before."""
     out = tmp_path / "run"
     start = time.monotonic()
-    _kill_when(out, tiny_config, lambda: time.monotonic() - start > 8)
+    _kill_when(out, tiny_config, lambda: time.monotonic() - start > 8, prefect_api)
     assert not (out / "accepted.parquet").exists()
 
     def shards() -> int:
         return len(list((out / "work").glob("filter-*.parquet")))
 
     written = shards()
-    _kill_when(out, tiny_config, lambda: shards() > written)
+    _kill_when(out, tiny_config, lambda: shards() > written, prefect_api)
     assert not (out / "accepted.parquet").exists()
-    proc = opsynth("run", "--out", str(out), "--config", str(tiny_config), cwd=tmp_path)
+    proc = opsynth(
+        "run", "--out", str(out), "--config", str(tiny_config), cwd=tmp_path, env=prefect_api
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert accepted_rows(out) == accepted_rows(reference_run)
     manifest = json.loads((out / "run.json").read_text())

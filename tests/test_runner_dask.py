@@ -83,8 +83,11 @@ def test_sizing_probes_run_on_the_cluster(runs: tuple[Path, dict, dict]) -> None
 
 
 @pytest.mark.slow
-def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
-    """``opsynth audit --runner dask``: the same verdicts as the local pool, one-line errors."""
+def test_audit_cli_on_a_dask_cluster_matches_local(
+    tmp_path: Path, prefect_api: dict[str, str]
+) -> None:
+    """``opsynth audit --runner dask``: the same verdicts as the local pool, one-line errors.
+    Both runs use the session's Prefect server (the fixture above covers starting one)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from runner_screen import tasks
 
@@ -116,6 +119,7 @@ def test_audit_cli_on_a_dask_cluster_matches_local(tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             cwd=ROOT,
+            env={**os.environ, **prefect_api},
             timeout=600,
         )
         assert done.returncode == 0, done.stderr[-3000:]

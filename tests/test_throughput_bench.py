@@ -271,16 +271,23 @@ def test_cpu_busy_share_of_a_core_set(tmp_path: Path) -> None:
     assert sampler.overall is not None and sampler.overall >= 0.5  # the spinning core
 
 
-def test_size_only_writes_the_sized_set_in_filtering_order(tmp_path: Path) -> None:
+def test_size_only_writes_the_sized_set_in_filtering_order(
+    tmp_path: Path, catalogue_seeds: list
+) -> None:
     """``--size-only`` sizes the composed candidates on a warm pool and writes the whole set,
     seeded-shuffled as a full run would filter it, without filtering: the set a multi-GPU run
-    then takes."""
+    then takes. The session's small catalogue stands in for an extracted one (``--catalogue``)."""
     from benchmarks.throughput import candidate_set, filtering_order, main
-    from opsynth.store import read_tasks
+    from opsynth.store import read_tasks, write_tasks
 
     shared = Path(__file__).resolve().parents[2] / "shared"
     out = tmp_path / "out"
+    catalogue = tmp_path / "catalogue"
+    catalogue.mkdir()
+    write_tasks(catalogue_seeds, catalogue / "seeds.parquet")
     argv = [
+        "--catalogue",
+        str(catalogue),
         "--kernelbench",
         str(shared / "kernelbench" / "kernelbench.jsonl"),
         "--kb-limit",
