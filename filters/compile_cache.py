@@ -267,11 +267,11 @@ def warm(device: str, layer: str) -> None:
         y = torch.nn.functional.conv2d(x, w).flatten(1) @ v
         return torch.nn.functional.layer_norm(y, y.shape[-1:])
 
-    image, weights = torch.randn(2, 4, 8, 8, generator=generator), torch.randn(8, 4, 3, 3)
-    torch._dynamo.reset()
-    torch.compile(conv_matmul)(
-        image.to(device), weights.to(device), torch.randn(288, 16).to(device)
+    image, weights, matrix = (
+        torch.randn(shape, generator=generator) for shape in ((2, 4, 8, 8), (8, 4, 3, 3), (288, 16))
     )
+    torch._dynamo.reset()
+    torch.compile(conv_matmul)(image.to(device), weights.to(device), matrix.to(device))
     from opsynth.filters import state_audit
 
     state_audit.prepare(device)  # every reusable process compiles this model first
