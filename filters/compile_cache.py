@@ -20,7 +20,11 @@ reference. So caches come in two layers:
   ``torch.compile`` imports a few hundred of them (codegen, pattern tables, Triton's language),
   and the site-packages of a sandbox are read-only without bytecode, so a fresh candidate
   process would compile them from source each time. The worker imports them once, before it
-  forks candidates (``preimport``).
+  forks candidates (``preimport``). And it records which vector instruction sets its C++
+  compiles found usable (``VEC_ISA``): inductor learns that by building and loading a probe
+  library per instruction set, into the compile cache; a private cache is empty, so every
+  candidate would build them again before its first CPU kernel. The worker takes the record
+  instead, before it forks (``adopt_vec_isa``).
 
 A compile reads the trusted layer and writes to its private one: Triton through links in the
 private cache (one per trusted entry, made before each candidate), inductor's header step
@@ -54,8 +58,9 @@ COMPLETE = "COMPLETE"
 LAYERS = "trusted-compile"  # under the configured cache dir, one folder per fingerprint
 IMPORTS = "imports.txt"  # the modules the warm-up's compiles imported, one name per line
 MAX_IMPORTS = 5000
+VEC_ISA = "vec_isa.txt"  # the vector instruction sets the warm-up's probes built and loaded
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-WARMUP_VERSION = 2  # raised when ``warm`` compiles something else: layers are rebuilt
+WARMUP_VERSION = 3  # raised when ``warm`` compiles something else: layers are rebuilt
 
 
 def private_env(tmp: str) -> dict[str, str]:
@@ -214,6 +219,49 @@ def preimport(trusted: str) -> int:
     return len(names)
 
 
+def adopt_vec_isa(trusted: str) -> int:
+    """Settle inductor's list of usable vector instruction sets in this process from the
+    trusted layer's record (``VEC_ISA``) instead of its probes: each probe builds a library
+    with a C++ compiler and loads it in a fresh interpreter, seconds per instruction set, paid
+    again by every process whose compile cache starts empty. The list is cached per process,
+    so children forked afterwards inherit it. The CPU's own flags are still read here; the
+    record stands only for the probe builds. Returns how many sets the list holds; -1 (the
+    probes run as before, when first needed) without a record or with a torch that probes
+    otherwise."""
+    if not trusted:
+        return -1
+    try:
+        with open(os.path.join(trusted, VEC_ISA), encoding="utf-8") as fh:
+            usable = {line.strip() for line in fh.read().splitlines()[:64] if line.strip()}
+    except (OSError, ValueError):
+        return -1
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        probe = cpu_vec_isa.VecISA.check_build
+        settle = cpu_vec_isa.valid_vec_isa_list
+    except (ImportError, AttributeError):
+        return -1
+    cpu_vec_isa.VecISA.check_build = lambda isa, code: str(isa) in usable  # type: ignore[method-assign]
+    try:
+        return len(settle())
+    except Exception:  # noqa: BLE001 - left to the probes, which run when first needed
+        return -1
+    finally:
+        cpu_vec_isa.VecISA.check_build = probe  # type: ignore[method-assign]
+
+
+def probed_vec_isa() -> list[str] | None:
+    """The vector instruction sets inductor's probes found usable here (probing them now if no
+    compile has yet); None with a torch that has no such probes."""
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        return [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+    except (ImportError, AttributeError):
+        return None
+
+
 def imported_since(before: set[str], *, outside: tuple[str, ...]) -> list[str]:
     """Modules loaded since ``before`` from a source file that lies outside ``outside`` (the
     caches, whose generated modules cannot be imported by name), in the order they were
@@ -234,7 +282,7 @@ def warm(device: str, layer: str) -> None:
     to build the precompiled header (CPU) and Triton's driver and common launchers (CUDA), and
     the state audit's tiny model that every reusable process compiles, and a convolution and
     matmul (extern kernels, whose lowering imports more); then name the modules those compiles
-    imported (``IMPORTS``)."""
+    imported (``IMPORTS``) and the vector instruction sets they found usable (``VEC_ISA``)."""
     os.environ["TRITON_CACHE_DIR"] = os.path.join(layer, TRITON)
     import torch
     import torch._inductor.codecache as codecache
@@ -286,6 +334,10 @@ def warm(device: str, layer: str) -> None:
     caches = (layer, inductor_cache, os.environ.get("TRITON_CACHE_DIR", ""))
     with open(os.path.join(layer, IMPORTS), "w", encoding="utf-8") as fh:
         fh.writelines(f"{name}\n" for name in imported_since(before, outside=caches))
+    usable = probed_vec_isa()
+    if usable is not None:  # an empty record is one too: nothing to probe
+        with open(os.path.join(layer, VEC_ISA), "w", encoding="utf-8") as fh:
+            fh.writelines(f"{isa}\n" for isa in usable)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -241,6 +241,9 @@ class WorkerPool:
             # Modules a worker imported before forking candidates, as the trusted compile
             # layer named them (filters.compile_cache.preimport); 0 without a layer.
             "preimported": 0,
+            # Vector instruction sets a worker took from the trusted layer's record instead of
+            # probing them per candidate (filters.compile_cache.adopt_vec_isa); -1 = probed.
+            "vec_isa": -1,
             "candidates": 0,
             # When the first and the latest candidate finished (epoch seconds): with several
             # pools on one run, whether one ran on after the others had nothing left.
@@ -918,6 +921,8 @@ class WorkerPool:
                 self.stats[key] = event.get(key) or self.stats.get(key)
             if isinstance(event.get("preimported"), int):
                 self.stats["preimported"] = event["preimported"]
+            if isinstance(event.get("vec_isa"), int):
+                self.stats["vec_isa"] = event["vec_isa"]
             return
         if kind == "released":
             if worker.state == "releasing":

@@ -197,6 +197,7 @@ class Worker:
         import torch._inductor.codecache  # noqa: F401
 
         preimported = compile_cache.preimport(self.trusted_cache) if self.preimport else 0
+        vec_isa = compile_cache.adopt_vec_isa(self.trusted_cache)
         locks = os.path.join(self.tmp, compile_cache.PRIVATE, "header-locks")
         compile_cache.use_trusted_headers(self.trusted_cache, locks)
 
@@ -215,6 +216,7 @@ class Worker:
             "private_pidns": self.private_pidns,
             "import_s": round(import_s, 3),
             "preimported": preimported,
+            "vec_isa": vec_isa,
             **info,
         }
         if failure or "device_name" not in info:

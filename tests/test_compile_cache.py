@@ -179,3 +179,44 @@ def test_the_warm_up_names_library_modules_not_generated_ones(
     finally:
         sys.modules.pop("c3kap5generated", None)
         sys.modules.pop("library_mod", None)
+
+
+ADOPT = """
+import json, os, sys
+import torch
+from torch._inductor import cpu_vec_isa
+from opsynth.filters import compile_cache
+adopted = compile_cache.adopt_vec_isa(sys.argv[1])
+usable = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+flags = cpu_vec_isa.x86_isa_checker() if hasattr(cpu_vec_isa, "x86_isa_checker") else []
+built = [n for _, _, files in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]) for n in files]
+print(json.dumps({"adopted": adopted, "usable": usable, "avx2": "avx2" in flags, "built": built}))
+"""
+
+
+def _adopt(layer: Path, cache: Path) -> dict:
+    """``adopt_vec_isa`` in a fresh interpreter: the list it settles is cached per process."""
+    import json
+    import subprocess
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    out = subprocess.run(
+        [sys.executable, "-c", ADOPT, str(layer)], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="inductor probes x86 sets on Linux")
+def test_a_worker_takes_the_usable_vector_sets_from_the_record(tmp_path: Path) -> None:
+    """The record stands for inductor's probe builds: a set it names is usable where the CPU
+    has the flags, one it leaves out is not, and no probe library is built either way."""
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    (layer / compile_cache.VEC_ISA).write_text("avx2\nno_such_set\n")
+    found = _adopt(layer, tmp_path / "inductor")
+    assert found["usable"] == (["avx2"] if found["avx2"] else [])  # avx512 is left out
+    assert found["adopted"] == len(found["usable"]) and found["built"] == []
+    # no record: nothing settled here, inductor probes when a compile first asks
+    assert compile_cache.adopt_vec_isa(str(tmp_path / "no-layer")) == -1
+    assert compile_cache.adopt_vec_isa("") == -1

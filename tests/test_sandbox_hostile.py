@@ -728,6 +728,9 @@ def test_a_candidate_cannot_pass_code_on_through_the_compile_cache(host: Host) -
     # the warm-up named what a first compile imports, and the worker imported it before forking
     named = Path(layer, compile_cache.IMPORTS).read_text().split()
     assert "torch._inductor.codegen.cpp" in named and stats["preimported"] == len(named), stats
+    # and which vector instruction sets its compiles found usable, which the worker took
+    usable = Path(layer, compile_cache.VEC_ISA).read_text().splitlines()
+    assert stats["vec_isa"] == len(usable), stats
 
 
 def sibling_attack(action: str) -> str:
