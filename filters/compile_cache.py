@@ -282,7 +282,8 @@ def warm(device: str, layer: str) -> None:
     to build the precompiled header (CPU) and Triton's driver and common launchers (CUDA), and
     the state audit's tiny model that every reusable process compiles, and a convolution and
     matmul (extern kernels, whose lowering imports more); then name the modules those compiles
-    imported (``IMPORTS``) and the vector instruction sets they found usable (``VEC_ISA``)."""
+    imported (``IMPORTS``) and, on CPU, the vector instruction sets they found usable
+    (``VEC_ISA``)."""
     os.environ["TRITON_CACHE_DIR"] = os.path.join(layer, TRITON)
     import torch
     import torch._inductor.codecache as codecache
@@ -334,7 +335,9 @@ def warm(device: str, layer: str) -> None:
     caches = (layer, inductor_cache, os.environ.get("TRITON_CACHE_DIR", ""))
     with open(os.path.join(layer, IMPORTS), "w", encoding="utf-8") as fh:
         fh.writelines(f"{name}\n" for name in imported_since(before, outside=caches))
-    usable = probed_vec_isa()
+    # Only a CPU layer's compiles settle the list (a GPU layer's never ask, and probing costs
+    # the warm-up about a minute on a GPU host); without a record, workers probe when asked.
+    usable = probed_vec_isa() if device == "cpu" else None
     if usable is not None:  # an empty record is one too: nothing to probe
         with open(os.path.join(layer, VEC_ISA), "w", encoding="utf-8") as fh:
             fh.writelines(f"{isa}\n" for isa in usable)
