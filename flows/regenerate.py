@@ -41,7 +41,12 @@ def regenerate(
     device: str,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Produce ``cfg.target`` accepted tasks in ``out``; resumable at any point."""
+    """Produce ``cfg.target`` accepted tasks in ``out``; resumable at any point.
+
+    A round's candidates are sized and filtered ``cfg.chunk_size`` at a time, each chunk's
+    work written when it is done, so a run stopped anywhere resumes from its last finished
+    chunk rather than from the start of the round's sizing, and a round stops composing work
+    for the filters once the target is met (the rest of its candidates are left unscreened)."""
     from opsynth.ast_dedup.dedup import dedup
 
     run = RunDir.create(Path(out))
@@ -63,7 +68,8 @@ def regenerate(
     run.write_manifest(manifest)
 
     progress("seeds", 0, 1)
-    seeds = seeds_stage(run, cfg, ledger)
+    with ledger.timed("seeds"):
+        seeds = seeds_stage(run, cfg, ledger)
     progress("seeds", 1, 1)
     candidates: list[Task] = []
     verdicts: list[Verdict] = []
@@ -71,6 +77,8 @@ def regenerate(
     accepted: list[Task] = []
     dedup_verdicts: list[Verdict] = []
     pool_stats: dict[str, Any] = {}
+    screened: set[str] = set()  # candidates that went through the filters (by final id)
+    unscreened: set[str] = set()
     try:
         for round_index in range(cfg.max_rounds):
             need = cfg.target - len(accepted)
@@ -79,33 +87,55 @@ def regenerate(
             wanted = math.ceil(need * cfg.compose.oversample)
             produced = [t.ops for t in candidates]
             progress(f"compose round {round_index}", 0, wanted)
-            drawn = compose_stage(run, cfg, seeds, round_index, wanted, ledger, produced)
+            with ledger.timed("compose"):
+                drawn = compose_stage(run, cfg, seeds, round_index, wanted, ledger, produced)
             progress(f"compose round {round_index}", wanted, wanted)
             fresh = {t.id for t in drawn.tasks} - seen
             seen |= fresh
             candidates += [t for t in drawn.tasks if t.id in fresh]
             verdicts += [v for v in drawn.verdicts if v.task_id in fresh]
             composed = [t for t in drawn.kept() if t.id in fresh]
-            if cfg.sizing.enabled and composed:
-                sized = size_stage(run, cfg, composed, device, pool, ledger, progress)
-                composed, candidates, verdicts = adopt_sized(composed, sized, candidates, verdicts)
-            verdicts += screen(run, cfg, composed, device, pool, ledger, progress)
-            by_task = group_by_task(verdicts)
-            passed = [t for t in candidates if passed_all(t.id, by_task)]
-            deduped = dedup(passed, cfg.dedup)
-            dedup_verdicts = deduped.verdicts
-            accepted = deduped.kept
+            for start in range(0, len(composed), cfg.chunk_size):
+                if len(accepted) >= cfg.target:
+                    unscreened |= {t.id for t in composed[start:]}
+                    break
+                chunk = composed[start : start + cfg.chunk_size]
+                if cfg.sizing.enabled:
+                    with ledger.timed("size"):
+                        sized = size_stage(run, cfg, chunk, device, pool, ledger, progress)
+                    chunk, candidates, verdicts = adopt_sized(chunk, sized, candidates, verdicts)
+                with ledger.timed("filter"):
+                    verdicts += screen(run, cfg, chunk, device, pool, ledger, progress)
+                screened |= {t.id for t in chunk}
+                by_task = group_by_task(verdicts)
+                # the round's later chunks hold only their compose verdict so far
+                passed = [t for t in candidates if t.id in screened and passed_all(t.id, by_task)]
+                with ledger.timed("dedup"):
+                    deduped = dedup(passed, cfg.dedup)
+                dedup_verdicts = deduped.verdicts
+                accepted = deduped.kept
     finally:
-        pool_stats = pool.close()
+        with ledger.timed("pool_close"):
+            pool_stats = pool.close()
+    composed_summary = compose_summary(verdicts)
+    # composed once the target was met: never screened, so neither accepted nor rejected
+    candidates = [t for t in candidates if t.id not in unscreened]
+    verdicts = [v for v in verdicts if v.task_id not in unscreened]
 
-    manifest.update(
-        export(run, cfg, seeds, candidates, verdicts + dedup_verdicts, accepted, cfg.target)
-    )
+    with ledger.timed("export"):
+        exported = export(
+            run, cfg, seeds, candidates, verdicts + dedup_verdicts, accepted, cfg.target
+        )
+    manifest.update(exported)
     manifest.update(
         {
             "work": {"reused": ledger.reused, "computed": ledger.computed},
+            "unscreened": len(unscreened),
+            # this invocation's wall seconds per stage; size and filter include the pool's
+            # start (``pool_start``) in whichever of them first needed the pool
+            "stage_seconds": {**ledger.seconds, "pool_start": pool_stats.get("start_s")},
             "filters_runtime": pool_stats,
-            "compose": compose_summary(verdicts),
+            "compose": composed_summary,
         }
     )
     run.write_manifest(manifest)

@@ -7,8 +7,10 @@ dataset. Import this module only after ``flows.prefect_env.configure_prefect``.
 
 from __future__ import annotations
 
+import contextlib
 import platform
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,15 +43,26 @@ def noop_progress(stage: str, done: int, total: int) -> None:
 
 
 class WorkLedger:
-    """Counts which stage outputs were reused and which were computed in this invocation."""
+    """Counts which stage outputs were reused and which were computed in this invocation, and
+    the wall seconds each stage took in it (``timed``), for run.json's per-stage table."""
 
     def __init__(self) -> None:
         self.reused: dict[str, int] = {}
         self.computed: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
 
     def note(self, stage: str, reused: bool) -> None:
         bucket = self.reused if reused else self.computed
         bucket[stage] = bucket.get(stage, 0) + 1
+
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - start
+            self.seconds[stage] = round(self.seconds.get(stage, 0.0) + spent, 3)
 
 
 @task(name="seeds", cache_policy=NO_CACHE)

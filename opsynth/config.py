@@ -817,6 +817,12 @@ class TrainerConfig(_Section):
 class RunConfig(_Section):
     target: int = Field(default=24, ge=1, description="accepted tasks wanted")
     max_rounds: int = Field(default=4, ge=1, description="compose-filter rounds to reach target")
+    chunk_size: int = Field(
+        default=512,
+        ge=1,
+        description="candidates of a round sized and filtered together before the next ones are "
+        "sized: what a stopped run resumes from, and how far past its target a round may go",
+    )
     seeds: SeedsConfig = SeedsConfig()
     compose: ComposeConfig = ComposeConfig()
     sizing: SizingConfig = SizingConfig()

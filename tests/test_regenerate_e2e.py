@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 TINY = """
 target = 3
 max_rounds = 3
+chunk_size = 2
 
 # A few torch operators keep the seeds stage (a catalogue extraction) to seconds.
 [seeds]
@@ -101,12 +102,26 @@ def test_run_writes_every_stage_file(reference_run):
         assert (reference_run / "catalogue" / name).is_file(), name
     manifest = json.loads((reference_run / "run.json").read_text())
     assert manifest["status"] == "complete"
+    # this invocation's wall time per stage, for the end-to-end benchmark's table
+    seconds = manifest["stage_seconds"]
+    assert all(seconds[stage] > 0 for stage in ("seeds", "compose", "size", "filter")), seconds
+    assert seconds["dedup"] >= 0 and seconds["export"] >= 0
+    assert seconds["pool_start"] > 0
     assert manifest["counts"]["accepted"] == 3
     stages = [row["stage"] for row in manifest["funnel"]]
     for stage in ("static", "decontam", "eager", "randomness", "degenerate", "runtime", "compile"):
         assert stage in stages
     # every candidate that was not accepted has at least one failing verdict explaining why
     verdicts = pq.read_table(reference_run / "verdicts.parquet").to_pylist()
+    # composed candidates were screened two at a time until the target was met; those left
+    # are counted, and neither candidates nor verdicts hold them
+    screened = {v["task_id"] for v in verdicts if v["stage"] == "static"}
+    assert manifest["compose"]["passed"] == len(screened) + manifest["unscreened"]
+    candidate_ids = {
+        r["id"] for r in pq.read_table(reference_run / "candidates.parquet").to_pylist()
+    }
+    composed = {v["task_id"] for v in verdicts if v["stage"] == "compose" and v["passed"]}
+    assert composed == screened and composed <= candidate_ids
     failing = {v["task_id"] for v in verdicts if not v["passed"]}
     rejected = {r["id"] for r in pq.read_table(reference_run / "rejected.parquet").to_pylist()}
     assert rejected <= failing
