@@ -10,8 +10,10 @@ Build it with::
     python -m opsynth.ast_dedup.index --source /path/to/kernelbench.jsonl   # a local export
     python -m opsynth.ast_dedup.index --hub                    # ScalingIntelligence/KernelBench
 
-A structure index is tied to the Python AST grammar it was built with; loading it under another
-minor version warns, because node types can differ between versions.
+A structure index is tied to the Python AST grammar it was built with: node types can differ
+between minor versions. ``--verify-with python3.12 python3.13`` rebuilds it under each of those
+interpreters and records in the index (``meta["pythons"]``) every version that produced the same
+structure; loading it under a version not listed warns.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import gzip
 import hashlib
 import io
 import json
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
@@ -31,7 +34,6 @@ from typing import Any
 from opsynth.ast_dedup.source import parse_task_code
 from opsynth.ast_dedup.tree import Interner
 from opsynth.data import data_file
-from opsynth.store import write_bytes_atomic
 
 FORMAT = 1
 HUB_DATASET = "ScalingIntelligence/KernelBench"
@@ -125,6 +127,8 @@ class KernelBenchIndex:
     def save(self, path: Path) -> None:
         """Write gzip'd JSON deterministically (no name or mtime in the gzip header), so
         rebuilding from the same source yields the same bytes."""
+        from opsynth.store import write_bytes_atomic  # here: the builder runs on bare Pythons
+
         blob = json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True).encode()
         raw = io.BytesIO()
         with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz:
@@ -146,12 +150,13 @@ class KernelBenchIndex:
             raise KernelBenchIndexError(f"KernelBench index {path} is unreadable: {exc}") from exc
         if data.get("format") != FORMAT:
             raise KernelBenchIndexError(f"KernelBench index {path} has format {data.get('format')}")
-        built_with = data.get("meta", {}).get("python")
-        running = f"{sys.version_info.major}.{sys.version_info.minor}"
-        if built_with != running:
+        meta = data.get("meta", {})
+        checked = meta.get("pythons") or [meta.get("python")]
+        running = python_version()
+        if running not in checked:
             warnings.warn(
-                f"KernelBench index built with Python {built_with} AST, running {running}; "
-                "rebuild it for exact scores",
+                f"KernelBench index built with the AST of Python {', '.join(map(str, checked))}, "
+                f"running {running}; rebuild it with this Python for exact scores",
                 stacklevel=2,
             )
         problems = tuple(Problem(**p) for p in data["problems"])
@@ -161,6 +166,57 @@ class KernelBenchIndex:
             rows=tuple(tuple(r) for r in data["nodes"]),
             meta=data.get("meta", {}),
         )
+
+
+def python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def structure_digest(index: KernelBenchIndex) -> str:
+    """A digest of everything the index holds but its ``meta``: equal for two builds whose
+    Pythons parse every problem into the same structure."""
+    data = index.to_json()
+    del data["meta"]
+    blob = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+# Run by another interpreter: builds the index from the same source and prints its version and
+# the structure's digest. Imports only this module's pure-Python dependencies.
+VERIFY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from opsynth.ast_dedup.index import build_index, python_version, read_jsonl, structure_digest
+index = build_index(read_jsonl(sys.argv[2]), json.loads(sys.argv[3]))
+print(python_version(), structure_digest(index))
+"""
+
+
+def verify_with(
+    interpreters: Sequence[str], source: Path, levels: Sequence[int], digest: str
+) -> tuple[list[str], list[str]]:
+    """The Python versions among ``interpreters`` whose build of ``source`` has ``digest``, and
+    one line for each interpreter that did not (failed to run, or parsed differently)."""
+    import opsynth
+
+    root = str(Path(opsynth.__file__).resolve().parent.parent)
+    same, problems = [], []
+    for python in interpreters:
+        cmd = [python, "-c", VERIFY, root, str(source), json.dumps(list(levels))]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problems.append(f"{python}: did not run ({type(exc).__name__}: {exc})")
+            continue
+        found = out.stdout.split()
+        if out.returncode != 0 or len(found) != 2:
+            tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            problems.append(f"{python}: exit {out.returncode}: {tail}")
+        elif found[1] != digest:
+            problems.append(f"{python}: Python {found[0]} parses KernelBench differently")
+        else:
+            same.append(found[0])
+    return same, problems
 
 
 def build_index(records: Iterable[dict[str, Any]], levels: Iterable[int]) -> KernelBenchIndex:
@@ -194,7 +250,7 @@ def build_index(records: Iterable[dict[str, Any]], levels: Iterable[int]) -> Ker
     meta = {
         "source": SOURCE_NOTE,
         "levels": sorted({p.level for p in problems}),
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "python": python_version(),
         "problems": len(problems),
         "without_model_class": sum(p.root is None for p in problems),
     }
@@ -232,19 +288,38 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--hub", action="store_true", help=f"download {HUB_DATASET}")
     parser.add_argument("--levels", type=int, nargs="+", default=list(DEFAULT_LEVELS))
     parser.add_argument("--out", type=Path, default=DEFAULT_INDEX_PATH)
+    parser.add_argument(
+        "--verify-with",
+        nargs="+",
+        default=[],
+        metavar="PYTHON",
+        help="other interpreters (e.g. python3.12) to rebuild the index under (--source only); "
+        "each that gives the same structure is recorded as one the index is exact for",
+    )
     args = parser.parse_args(argv)
+    if args.verify_with and not args.source:
+        print("--verify-with needs --source (a local jsonl)", file=sys.stderr)
+        return 2
     records = read_jsonl(args.source) if args.source else read_hub(args.levels)
     index = build_index(records, args.levels)
     if not index.problems:
         print(f"no KernelBench problems of levels {args.levels} in the source", file=sys.stderr)
         return 1
+    problems: list[str] = []
+    if args.verify_with:
+        digest = structure_digest(index)
+        same, problems = verify_with(args.verify_with, args.source, args.levels, digest)
+        index.meta["pythons"] = sorted({index.meta["python"], *same})
+        for line in problems:
+            print(f"not recorded: {line}", file=sys.stderr)
     index.save(args.out)
     counts = {lvl: sum(p.level == lvl for p in index.problems) for lvl in index.levels}
     print(
         f"wrote {args.out}: {len(index.problems)} problems {counts}, "
         f"{len(index.rows)} distinct subtrees, {index.meta['without_model_class']} without Model"
+        + (f"; exact under Python {', '.join(index.meta['pythons'])}" if args.verify_with else "")
     )
-    return 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import sys
+import warnings
 
 import pytest
 
@@ -14,6 +16,7 @@ from opsynth.ast_dedup.index import (
     KernelBenchIndexError,
     build_index,
     main,
+    python_version,
     read_jsonl,
 )
 from opsynth.refdata import KERNELBENCH, shared_file
@@ -30,8 +33,42 @@ def kernelbench_rows():
 def test_committed_index_is_rebuilt_exactly_from_the_source(kernelbench_rows, tmp_path):
     committed = KernelBenchIndex.load()
     rebuilt = tmp_path / "rebuilt.json.gz"
-    build_index(kernelbench_rows, committed.levels).save(rebuilt)
+    index = build_index(kernelbench_rows, committed.levels)
+    # the Pythons it was checked under were found by running them (below, --verify-with)
+    index.meta["pythons"] = committed.meta["pythons"]
+    index.save(rebuilt)
     assert rebuilt.read_bytes() == DEFAULT_INDEX_PATH.read_bytes()
+    assert python_version() in committed.meta["pythons"]  # the Python the tests run on
+
+
+def test_other_pythons_are_recorded_only_if_they_parse_the_same(kernelbench_rows, tmp_path):
+    """--verify-with rebuilds under each interpreter: the same structure is recorded as exact,
+    a different one (here a stand-in interpreter that reports another digest) is not, and the
+    build says so and exits 1."""
+    source = shared_file(KERNELBENCH)
+    other = tmp_path / "python-other"
+    other.write_text("#!/bin/sh\necho 3.99 0000\n")
+    other.chmod(0o755)
+    out = tmp_path / "index.json.gz"
+    args = ["--source", str(source), "--levels", "2", "--out", str(out), "--verify-with"]
+    assert main([*args, sys.executable]) == 0
+    assert KernelBenchIndex.load(out).meta["pythons"] == [python_version()]
+    assert main([*args, sys.executable, str(other)]) == 1
+    assert KernelBenchIndex.load(out).meta["pythons"] == [python_version()]
+
+
+def test_loading_under_an_unchecked_python_warns(tmp_path, kernelbench_rows):
+    index = build_index(kernelbench_rows, [2])
+    index.meta["pythons"] = ["3.99"]
+    path = tmp_path / "index.json.gz"
+    index.save(path)
+    with pytest.warns(UserWarning, match="3.99, running"):
+        KernelBenchIndex.load(path)
+    index.meta["pythons"] = ["3.99", python_version()]
+    index.save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        KernelBenchIndex.load(path)
 
 
 def test_committed_index_covers_levels_1_to_3_with_provenance():
