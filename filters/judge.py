@@ -319,14 +319,27 @@ def nonfinite(outputs: Sequence[Output]) -> int:
 
 def constant(outputs: Sequence[Output], rtol: float) -> tuple[int, float, float]:
     """(output, spread, magnitude) of the first output of more than one element whose sampled
-    values spread by at most ``rtol`` of their magnitude, else (-1, 0, 0)."""
+    values spread by at most ``rtol`` of their magnitude and whose magnitudes over every
+    element are those of a constant, else (-1, 0, 0).
+
+    The second test is for what a sample misses: a sparse output (a mask with a few thousand
+    True among millions) samples as all zeros. Over all ``n`` elements, ``n * sum(v^2) >=
+    sum(|v|)^2``, with equality exactly when every ``|v|`` is the same; a relative excess over
+    ``rtol^2`` (what values within ``rtol`` of each other reach) means the output varies."""
     for i, out in enumerate(outputs):
         if len(out.values) > 1:
             lo, hi = min(out.values), max(out.values)
             scale = max(abs(lo), abs(hi))
-            if hi - lo <= rtol * scale:
+            if hi - lo <= rtol * scale and not _magnitudes_vary(out, rtol):
                 return i, hi - lo, scale
     return -1, 0.0, 0.0
+
+
+def _magnitudes_vary(out: Output, rtol: float) -> bool:
+    if out.abs_sum <= 0.0:
+        return False  # all zeros (or a report that says so)
+    excess = out.numel * out.square_sum / (out.abs_sum * out.abs_sum) - 1.0
+    return excess > rtol * rtol + CHECKSUM_SLACK
 
 
 def finite(value: float) -> float | None:

@@ -87,6 +87,22 @@ def test_small_outputs_are_compared_whole_and_structure_first() -> None:
     assert j.nonfinite(sample(torch.tensor([1.0, float("nan")]))) == 0
 
 
+def test_a_sparse_output_is_not_constant_though_its_sample_is() -> None:
+    """A mask with a hundred True among four million samples as all False; the whole
+    tensor's magnitudes say it varies, as the candidate's full check (min < max) does."""
+    mask = torch.zeros(512, 32, 256, dtype=torch.bool)
+    mask.view(-1)[
+        torch.randperm(mask.numel(), generator=torch.Generator().manual_seed(1))[:100]
+    ] = True
+    [out] = sample(mask)
+    assert not any(out.values)  # what the sample alone shows
+    assert j.constant([out], 1e-3)[0] == -1
+    assert j.constant(sample(torch.full((512, 4096), 3.0)), 1e-3)[0] == 0
+    assert j.constant(sample(torch.zeros(512, 4096)), 1e-3)[0] == 0
+    spread = 3.0 + 1e-4 * torch.rand(512, 4096, generator=torch.Generator().manual_seed(2))
+    assert j.constant(sample(spread), 1e-3)[0] == 0  # within rtol of each other: constant
+
+
 @pytest.mark.parametrize(
     "change",
     [
