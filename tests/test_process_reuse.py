@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from conftest import TEST_COMPILE_CACHE
 from test_sandbox_pool import config as pool_config
 
 from opsynth.filters.pool import WorkerPool
@@ -97,12 +98,14 @@ def test_on_the_gpu_reused_processes_keep_verdicts_and_retire_on_a_changed_switc
     assert list(stats["child_retired"]) == ["float32_matmul_precision: 'highest' -> 'high'"]
 
 
-def test_preparing_the_baseline_is_not_the_candidates_time(tmp_path) -> None:
+def test_preparing_the_baseline_is_not_the_candidates_time() -> None:
     """A reusable process compiles a tiny model before its baseline (seconds with a cold
     cache, never under half a second: tracing, lowering and a C++ build); running past the
     timeout there is the harness's failure, not a candidate's ``timeout``."""
     quick = task("return x * 0 + 1")
-    cold = {"cache_dir": str(tmp_path / "cache"), "task_timeout_s": 0.5}
+    # the trusted layer is the session's; the compile cache a process prepares in is its own,
+    # empty, whatever the layer holds
+    cold = {"cache_dir": str(TEST_COMPILE_CACHE), "task_timeout_s": 0.5}
     with WorkerPool(pool_config(candidates_per_process_cpu=4, **cold), "cpu") as pool:
         rows = pool.evaluate([quick])[quick.id]
     assert [(v.stage, v.reason) for v in rows] == [("eager", "filter_error")]
