@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # Stages in the order a run takes them; anything else run.json names comes after.
-ORDER = ("seeds", "compose", "size", "filter", "dedup", "pool_close", "export")
+ORDER = ("seeds", "compose", "size", "filter", "size_filter", "dedup", "pool_close", "export")
 
 
 def summarise(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from typing import Any
 from prefect import flow
 
 from opsynth.config import RunConfig
+from opsynth.flows.size_screen import STAGE as SIZE_FILTER
+from opsynth.flows.size_screen import size_and_screen
 from opsynth.flows.stages import (
     LazyPool,
     Progress,
@@ -100,12 +102,9 @@ def regenerate(
                     unscreened |= {t.id for t in composed[start:]}
                     break
                 chunk = composed[start : start + cfg.chunk_size]
-                if cfg.sizing.enabled:
-                    with ledger.timed("size"):
-                        sized = size_stage(run, cfg, chunk, device, pool, ledger, progress)
-                    chunk, candidates, verdicts = adopt_sized(chunk, sized, candidates, verdicts)
-                with ledger.timed("filter"):
-                    verdicts += screen(run, cfg, chunk, device, pool, ledger, progress)
+                chunk, candidates, verdicts = size_and_filter(
+                    run, cfg, chunk, device, pool, ledger, progress, candidates, verdicts
+                )
                 screened |= {t.id for t in chunk}
                 by_task = group_by_task(verdicts)
                 # the round's later chunks hold only their compose verdict so far
@@ -131,8 +130,8 @@ def regenerate(
         {
             "work": {"reused": ledger.reused, "computed": ledger.computed},
             "unscreened": len(unscreened),
-            # this invocation's wall seconds per stage; size and filter include the pool's
-            # start (``pool_start``) in whichever of them first needed the pool
+            # this invocation's wall seconds per stage; size and filter (size_filter when
+            # pipelined) include the pool's start (``pool_start``) where it was first needed
             "stage_seconds": {**ledger.seconds, "pool_start": pool_stats.get("start_s")},
             "filters_runtime": pool_stats,
             "compose": composed_summary,
@@ -143,3 +142,33 @@ def regenerate(
         manifest["publish"] = publish_stage(run, cfg)
         run.write_manifest(manifest)
     return manifest
+
+
+def size_and_filter(
+    run: RunDir,
+    cfg: RunConfig,
+    chunk: list[Task],
+    device: str,
+    pool: LazyPool,
+    ledger: WorkLedger,
+    progress: Progress,
+    candidates: list[Task],
+    verdicts: list[Verdict],
+) -> tuple[list[Task], list[Task], list[Verdict]]:
+    """One chunk sized (when sizing is on) and filtered: pipelined on the in-process pool
+    (``flows.size_screen``), else sized in lockstep rounds on whichever runner and then
+    filtered. The chunk as it ends, and the run's candidates and verdicts with the chunk's
+    sized tasks in their originals' places and its new verdicts added."""
+    if cfg.sizing.enabled and cfg.sizing.pipelined and cfg.runner.kind == "local":
+        taken = {t.id for t in candidates}
+        with ledger.timed(SIZE_FILTER):
+            sized, rows = size_and_screen(run, cfg, chunk, device, pool, ledger, progress, taken)
+        chunk, candidates, verdicts = adopt_sized(chunk, sized, candidates, verdicts)
+        return chunk, candidates, verdicts + rows
+    if cfg.sizing.enabled:
+        with ledger.timed("size"):
+            sized = size_stage(run, cfg, chunk, device, pool, ledger, progress)
+        chunk, candidates, verdicts = adopt_sized(chunk, sized, candidates, verdicts)
+    with ledger.timed("filter"):
+        verdicts = verdicts + screen(run, cfg, chunk, device, pool, ledger, progress)
+    return chunk, candidates, verdicts

@@ -122,19 +122,25 @@ def prefilter_stage(
     run: RunDir, cfg: RunConfig, tasks: list[Task], ledger: WorkLedger
 ) -> list[Verdict]:
     """Static checks and decontamination: pure, orchestrator-side, no candidate code runs."""
-    from opsynth.ast_dedup.decontam import Decontaminator
-    from opsynth.filters.static_check import StaticCheck
-
     modules = frozenset(cfg.filters.task_modules)
     key = digest(cfg.decontam.model_dump(mode="json"), sorted(modules), sorted(t.id for t in tasks))
     path = run.work_path("prefilter", key)
     if path.exists():
         ledger.note("prefilter", True)
         return read_verdicts(path)
-    result = apply_filters(tasks, [StaticCheck(modules), Decontaminator(cfg.decontam)])
+    result = apply_filters(tasks, prefilters(cfg))
     write_verdicts(result.verdicts, path)
     ledger.note("prefilter", False)
     return result.verdicts
+
+
+def prefilters(cfg: RunConfig) -> list[Any]:
+    """The pre-execution chain, cheapest first: static checks, then decontamination (its
+    index loads here, once per chain)."""
+    from opsynth.ast_dedup.decontam import Decontaminator
+    from opsynth.filters.static_check import StaticCheck
+
+    return [StaticCheck(frozenset(cfg.filters.task_modules)), Decontaminator(cfg.decontam)]
 
 
 class LazyPool:

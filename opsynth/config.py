@@ -624,6 +624,12 @@ class SizingConfig(_Section):
         "share and more than a smaller GPU can train or evaluate on. 8 GiB: 16 side by side "
         "fit a 141 GB GPU, one fits any 16 GB GPU; 0 = no cap",
     )
+    pipelined: bool = Field(
+        default=True,
+        description="on the in-process pool (runner.kind local), move each candidate on as its "
+        "own probe returns, to its next probe or its filter run, instead of sizing the chunk "
+        "in lockstep rounds and filtering after the last; the same decisions either way",
+    )
 
 
 class EvalConfig(_Section):

@@ -162,54 +162,109 @@ class _Sizing:
     note: str = ""
 
 
+class Sizer:
+    """Sizing as a state machine over many tasks, so a driver can move each task on as soon
+    as its own probe returns instead of waiting for a whole round (``size_tasks`` is the
+    lockstep driver). ``start`` names the first variants to measure; ``observe`` takes one
+    measurement and names what to measure next and which tasks (by input index) are done;
+    ``sized`` is a done task's chosen variant."""
+
+    def __init__(self, tasks: Sequence[Task], window: tuple[float, float], cfg: SizingConfig):
+        self.cfg = cfg
+        self.target = target_ms(window)
+        self._states: list[_Sizing] = []
+        # variant id -> indices of the tasks waiting for its measurement
+        self._waiting: dict[str, list[int]] = {}
+        for task in tasks:
+            knob = find_knob(task.code, cfg.constant_names)
+            state = _Sizing(task, knob)
+            if knob is None:
+                state.done, state.note = True, f"no {'/'.join(cfg.constant_names)} constant"
+            else:
+                state.current = knob.value
+                state.variants[knob.value] = task
+            self._states.append(state)
+
+    def start(self) -> tuple[list[Task], list[int]]:
+        """The first variants to measure (each task as composed), and the tasks that need no
+        measurement (no size constant): done already."""
+        probes = []
+        for index, state in enumerate(self._states):
+            if not state.done:
+                probes += self._wait_for(index)
+        return probes, [i for i, s in enumerate(self._states) if s.done]
+
+    def observe(self, variant_id: str, probe: Probe) -> tuple[list[Task], list[int]]:
+        """Record ``probe`` for every task waiting on ``variant_id``: the variants to measure
+        next, and the tasks this measurement finished. A measurement nobody waits for (the
+        same variant measured twice) changes nothing."""
+        probes: list[Task] = []
+        finished: list[int] = []
+        for index in self._waiting.pop(variant_id, []):
+            self._step(self._states[index], probe)
+            if self._states[index].done:
+                finished.append(index)
+            else:
+                probes += self._wait_for(index)
+        return probes, finished
+
+    def sized(self, index: int) -> Task:
+        """Task ``index`` (a done one) as chosen, with ``meta["sizing"]``."""
+        return _chosen(self._states[index], self.target, self.cfg)
+
+    def result(self) -> list[Task]:
+        return [self.sized(i) for i in range(len(self._states))]
+
+    def _wait_for(self, index: int) -> list[Task]:
+        variant = self._states[index].variants[self._states[index].current]
+        first = variant.id not in self._waiting
+        self._waiting.setdefault(variant.id, []).append(index)
+        return [variant] if first else []
+
+    def _step(self, s: _Sizing, probe: Probe) -> None:
+        cfg, target = self.cfg, self.target
+        s.device = s.device or probe.device
+        step: dict[str, Any] = {"value": s.current, "ms": probe.ms, "reason": probe.reason}
+        gib = probe.device_gib
+        if gib is not None:
+            step["device_gib"] = gib
+        s.steps.append(step)
+        if probe.ms is None or probe.ms <= 0:
+            s.done = True
+            return
+        over = cfg.max_device_gib > 0 and gib is not None and gib > cfg.max_device_gib
+        if not over and target / cfg.band <= probe.ms <= target * cfg.band:
+            s.done = True
+            return
+        limit = _memory_limit(s.steps, cfg.max_device_gib)
+        value: int | None = min(next_value(s.current, probe.ms, target, cfg), limit)
+        if value in s.variants:
+            value = _bisect(s.steps, target)
+            value = None if value is None else min(value, limit)
+        if value is None or value in s.variants or len(s.steps) > cfg.max_steps:
+            s.done = True
+            return
+        s.current = value
+        s.variants[value] = _variant(s.task, s.knob, value)
+
+
 def size_tasks(
     tasks: Sequence[Task], measure: Measure, window: tuple[float, float], cfg: SizingConfig
 ) -> list[Task]:
     """Each task, or its rescaled variant closest to the window's log-middle, with
     ``meta["sizing"]`` recording the device, the target and every step. All tasks move in
-    lockstep so each round is one parallel ``measure`` call."""
-    target = target_ms(window)
-    states = []
-    for task in tasks:
-        knob = find_knob(task.code, cfg.constant_names)
-        state = _Sizing(task, knob)
-        if knob is None:
-            state.done, state.note = True, f"no {'/'.join(cfg.constant_names)} constant"
-        else:
-            state.current = knob.value
-            state.variants[knob.value] = task
-        states.append(state)
-    for _ in range(cfg.max_steps + 1):
-        active = [s for s in states if not s.done]
-        if not active:
-            break
-        probes = measure([s.variants[s.current] for s in active])
-        for s in active:
-            probe = probes.get(s.variants[s.current].id, Probe(None, reason="not measured"))
-            s.device = s.device or probe.device
-            step: dict[str, Any] = {"value": s.current, "ms": probe.ms, "reason": probe.reason}
-            gib = probe.device_gib
-            if gib is not None:
-                step["device_gib"] = gib
-            s.steps.append(step)
-            if probe.ms is None or probe.ms <= 0:
-                s.done = True
-                continue
-            over = cfg.max_device_gib > 0 and gib is not None and gib > cfg.max_device_gib
-            if not over and target / cfg.band <= probe.ms <= target * cfg.band:
-                s.done = True
-                continue
-            limit = _memory_limit(s.steps, cfg.max_device_gib)
-            value: int | None = min(next_value(s.current, probe.ms, target, cfg), limit)
-            if value in s.variants:
-                value = _bisect(s.steps, target)
-                value = None if value is None else min(value, limit)
-            if value is None or value in s.variants or len(s.steps) > cfg.max_steps:
-                s.done = True
-                continue
-            s.current = value
-            s.variants[value] = _variant(s.task, s.knob, value)
-    return [_chosen(s, target, cfg) for s in states]
+    lockstep, so each round is one parallel ``measure`` call (for runners that take whole
+    batches; ``Sizer`` lets a driver move each task on by itself)."""
+    sizer = Sizer(tasks, window, cfg)
+    pending, _ = sizer.start()
+    while pending:
+        probes = measure(pending)
+        following: list[Task] = []
+        for variant in pending:
+            probe = probes.get(variant.id, Probe(None, reason="not measured"))
+            following += sizer.observe(variant.id, probe)[0]
+        pending = following
+    return sizer.result()
 
 
 def _bisect(steps: list[dict[str, Any]], target: float) -> int | None:

@@ -1,11 +1,13 @@
 """Runs the screen stage (static, decontam, sandboxed filter shards) over a few tiny tasks in a
 Prefect flow on the runner given on the command line and prints the verdicts and the work
 ledger as JSON; with ``size``, the size stage's probes instead, and whether the orchestrator's
-own pool started; with ``both``, sizing and then the screen in one flow. A script, so that
-Prefect is configured for its own run directory before it is imported
-(tests/test_runner_dask.py runs it once per runner).
+own pool started; with ``both``, sizing and then the screen in one flow; with ``pipelined``,
+one chunk of sizable and plain tasks through both paths of ``flows.regenerate.size_and_filter``
+(two stages, then pipelined, in two run folders on one pool). A script, so that Prefect is
+configured for its own run directory before it is imported (tests/test_runner_dask.py runs it
+once per runner, tests/test_size_screen.py in ``pipelined`` mode).
 
-    python tests/runner_screen.py OUT local|dask [screen|size|both]
+    python tests/runner_screen.py OUT local|dask [screen|size|both|pipelined]
 """
 
 from __future__ import annotations
@@ -48,12 +50,76 @@ def sizable() -> list[Task]:
             code=task_source(
                 "return torch.relu(x) + 1",
                 header=header.format(n),
-                inputs="[torch.randn(batch_size, 64)]",
+                # wide rows: a grown batch measures clearly slower, beyond timing noise
+                inputs="[torch.randn(batch_size, 4096)]",
             ),
         )
         for n in (4, 8, 16)
     ]
     return found + [Task(ops=["plain"], data_source="torch#1", code=task_source("return x + 1"))]
+
+
+def forbidden() -> Task:
+    """A sizable task the static check rejects (it reaches for ``open``)."""
+    return Task(
+        ops=["forbidden"],
+        data_source="torch#1",
+        code=task_source(
+            "return x if open else x",
+            header="batch_size = 4\n",
+            inputs="[torch.randn(batch_size, 64)]",
+        ),
+    )
+
+
+def twins() -> list[Task]:
+    """One task composed at two batch sizes, which both grow to ``max_value`` (256 in
+    ``both_paths``): the same code, which only the first of them may keep."""
+    return [
+        Task(
+            ops=["twin"],
+            data_source="torch#1",
+            code=task_source(
+                "return torch.relu(x) + 1",
+                header=f"batch_size = {n}\n",
+                inputs="[torch.randn(batch_size, 4096)]",
+            ),
+        )
+        for n in (4, 8)
+    ]
+
+
+def both_paths(out: str, cfg: RunConfig, progress) -> dict:
+    """The same chunk through the two-stage and the pipelined path on one pool: per path, the
+    chunk's final tasks (id, sizing steps or None) and every task's verdict rows."""
+    from opsynth.flows.regenerate import size_and_filter
+    from opsynth.flows.stages import LazyPool, WorkLedger
+    from opsynth.store import RunDir
+    from opsynth.verdicts import group_by_task
+
+    chunk = sizable() + [forbidden()] + twins() + tasks()
+    cfg = cfg.with_section("sizing", max_value=256)
+    pool = LazyPool(cfg, "cpu")
+    result: dict = {}
+    try:
+        for path, pipelined in (("two_stage", False), ("pipelined", True)):
+            run_cfg = cfg.with_section("sizing", pipelined=pipelined)
+            run = RunDir.create(Path(out) / path)
+            ledger = WorkLedger()
+            final, _, verdicts = size_and_filter(
+                run, run_cfg, chunk, "cpu", pool, ledger, progress, list(chunk), []
+            )
+            rows = group_by_task(verdicts)
+            result[path] = {
+                "final": [[t.id, t.meta.get("sizing")] for t in final],
+                "verdicts": {
+                    t.id: [(v.stage, v.passed, v.reason) for v in rows.get(t.id, [])] for t in final
+                },
+                "stages_timed": sorted(ledger.seconds),
+            }
+    finally:
+        pool.close()
+    return result
 
 
 def config(kind: str) -> RunConfig:
@@ -93,6 +159,8 @@ def main(out: str, kind: str, what: str = "screen") -> None:
         ledger = WorkLedger()
         pool = LazyPool(cfg, "cpu")
         result: dict = {}
+        if what == "pipelined":
+            return both_paths(out, cfg, progress)
         try:
             if what in ("size", "both"):
                 sized = size_stage(run, cfg, sizable(), "cpu", pool, ledger, progress)

@@ -91,7 +91,7 @@ def test_a_run_reports_progress_from_its_start(reference_run) -> None:
     first line comes before Prefect's server starts."""
     lines = (reference_run.parent / "stderr.txt").read_text().splitlines()
     assert lines[0].startswith("opsynth run -> ") and "starting Prefect" in lines[0], lines[:3]
-    for stage in ("seeds: 0/1", "seeds: 1/1", "compose round 0: 0/", "filter: "):
+    for stage in ("seeds: 0/1", "seeds: 1/1", "compose round 0: 0/", "size_filter: "):
         assert any(line.startswith(stage) for line in lines), (stage, lines[:20])
 
 
@@ -104,7 +104,8 @@ def test_run_writes_every_stage_file(reference_run):
     assert manifest["status"] == "complete"
     # this invocation's wall time per stage, for the end-to-end benchmark's table
     seconds = manifest["stage_seconds"]
-    assert all(seconds[stage] > 0 for stage in ("seeds", "compose", "size", "filter")), seconds
+    # (sizing and filtering pipelined: one stage, flows.size_screen)
+    assert all(seconds[stage] > 0 for stage in ("seeds", "compose", "size_filter")), seconds
     assert seconds["dedup"] >= 0 and seconds["export"] >= 0
     assert seconds["pool_start"] > 0
     assert manifest["counts"]["accepted"] == 3
@@ -183,15 +184,15 @@ def test_sigkill_twice_then_resume_gives_identical_dataset(
     tmp_path, tiny_config, reference_run, prefect_api
 ):
     """Killed early (seconds in), then killed again in the resumed run as soon as it has
-    written a filter shard: the third run finishes with the reference run's dataset, reusing
-    the shards written before."""
+    written a sized and filtered chunk: the third run finishes with the reference run's
+    dataset, reusing the chunks written before."""
     out = tmp_path / "run"
     start = time.monotonic()
     _kill_when(out, tiny_config, lambda: time.monotonic() - start > 8, prefect_api)
     assert not (out / "accepted.parquet").exists()
 
-    def shards() -> int:
-        return len(list((out / "work").glob("filter-*.parquet")))
+    def shards() -> int:  # a chunk's verdicts are written after its tasks: the chunk is done
+        return len(list((out / "work").glob("size_filter-verdicts-*.parquet")))
 
     written = shards()
     _kill_when(out, tiny_config, lambda: shards() > written, prefect_api)
@@ -202,4 +203,4 @@ def test_sigkill_twice_then_resume_gives_identical_dataset(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert accepted_rows(out) == accepted_rows(reference_run)
     manifest = json.loads((out / "run.json").read_text())
-    assert manifest["work"]["reused"].get("filter-shard", 0) >= 1
+    assert manifest["work"]["reused"].get("size_filter", 0) >= 1

@@ -1,0 +1,241 @@
+"""Sizing and filtering one chunk of candidates as a pipeline on the in-process pool.
+
+Run as two stages, sizing moves every candidate in lockstep rounds (``synth.sizing.size_tasks``)
+and filtering starts after the last round: at each round's end and at the stage's end the
+workers wait for the slowest candidate. Here each candidate moves on the moment its own probe
+returns, to its next probe or to its full filter run, so the workers are fed from start to end
+of the chunk. Candidates that static checks or decontamination reject are not probed at all.
+
+The decisions are the two-stage path's: the same ``Sizer`` steps per candidate, the same
+prefilters on the sized variant, the same rule that a sized variant whose code another
+candidate already has stays unsized (``opsynth.verdicts.adopt_sized``: among the chunk's
+candidates that size to one code, the first in chunk order keeps it, whichever finishes
+first). Import this module only after ``flows.prefect_env``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from opsynth.config import RunConfig
+from opsynth.flows.stages import LazyPool, Progress, WorkLedger, prefilter_stage, prefilters
+from opsynth.record import Task, Verdict
+from opsynth.stage import apply_filters
+from opsynth.store import RunDir, digest, read_tasks, read_verdicts, write_tasks, write_verdicts
+from opsynth.verdicts import group_by_task, passed_all
+
+if TYPE_CHECKING:
+    from opsynth.filters.pool import Ticket, WorkerPool
+
+STAGE = "size_filter"
+# Initial probes queued ahead of the workers, per worker: enough that none idles, few enough
+# that a candidate's next probe or its filter run (queued behind them) starts soon, so the
+# chunk ends with few long chains still running.
+LOOKAHEAD_PER_WORKER = 2
+
+
+@dataclass
+class _Pending:
+    """A submitted single-job batch and what to do with its verdicts, once."""
+
+    ticket: Ticket
+    handle: Callable[[dict[str, list[Verdict]]], None]
+    settled: bool = False
+
+
+@dataclass
+class _Chunk:
+    """Per candidate (input order): the task it ends as and its prefilter rows; sandbox rows
+    by task id (a code two candidates reach is filtered once)."""
+
+    final: list[Task]
+    pre: list[list[Verdict]]
+    executed: dict[str, list[Verdict]] = field(default_factory=dict)
+    done: int = 0
+
+
+def size_and_screen(
+    run: RunDir,
+    cfg: RunConfig,
+    tasks: list[Task],
+    device: str,
+    pool: LazyPool,
+    ledger: WorkLedger,
+    progress: Progress,
+    taken: set[str],
+) -> tuple[list[Task], list[Verdict]]:
+    """Each task sized and filtered: the tasks as they end (sized, or as composed), in input
+    order, and every prefilter and sandbox verdict for them. ``taken``: ids of the run's
+    other candidates, which a sized variant may not take. One work file pair per chunk: a
+    resumed run reuses a finished chunk whole."""
+    parts = (cfg.sizing, cfg.filters, cfg.decontam)
+    key = digest(
+        *[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks], sorted(taken)
+    )
+    tasks_path = run.work_path(STAGE, key)
+    verdicts_path = run.work_path(f"{STAGE}-verdicts", key)
+    if tasks_path.exists() and verdicts_path.exists():
+        ledger.note(STAGE, True)
+        progress(STAGE, len(tasks), len(tasks))
+        return read_tasks(tasks_path), read_verdicts(verdicts_path)
+    early = group_by_task(prefilter_stage(run, cfg, tasks, ledger))
+    chunk = _Chunk(final=list(tasks), pre=[early.get(t.id, []) for t in tasks])
+    survivors = [i for i, t in enumerate(tasks) if passed_all(t.id, early)]
+    chunk.done = len(tasks) - len(survivors)
+    progress(STAGE, chunk.done, len(tasks))
+    if survivors:
+        _Pipeline(cfg, device, pool.get(), chunk, survivors, taken, progress).run()
+    verdicts = [
+        v for i, task in enumerate(chunk.final) for v in chunk.pre[i] + _executed(chunk, i, task)
+    ]
+    write_tasks(chunk.final, tasks_path)
+    write_verdicts(verdicts, verdicts_path)  # last: its presence marks the chunk done
+    ledger.note(STAGE, False)
+    return chunk.final, verdicts
+
+
+def _executed(chunk: _Chunk, index: int, task: Task) -> list[Verdict]:
+    """A candidate's sandbox rows: none when a prefilter rejected it."""
+    return chunk.executed[task.id] if passed_all(task.id, {task.id: chunk.pre[index]}) else []
+
+
+class _Pipeline:
+    """Drives one chunk's probes and filter runs through the pool, one job per batch so that
+    each is handled as it finishes (in the pool's progress callback); a job whose verdict the
+    pool will retry alone is handled after ``wait`` has retried it."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        device: str,
+        pool: WorkerPool,
+        chunk: _Chunk,
+        survivors: list[int],
+        taken: set[str],
+        progress: Progress,
+    ) -> None:
+        from opsynth.filters.pool import MEASURE_OVERRIDES
+        from opsynth.synth.sizing import Sizer
+
+        self.pool, self.chunk, self.progress = pool, chunk, progress
+        self.survivors = survivors  # sizer index -> chunk index
+        window = cfg.filters.window_ms(device)
+        self.sizer = Sizer([chunk.final[i] for i in survivors], window, cfg.sizing)
+        # the run's other candidates and this chunk's composed tasks: no sized variant's code
+        self.taken = set(taken) | {t.id for t in chunk.final}
+        self.claims: dict[str, int] = {}  # sized code id -> the chunk index holding it
+        self.originals: dict[int, Task] = {}  # chunk index -> composed task, while sized
+        self.early = list(chunk.pre)  # each composed task's prefilter rows
+        self.filtering: set[str] = set()  # task ids submitted to the filters
+        self.retried = set(cfg.filters.retry_alone)
+        self.measure_overrides = MEASURE_OVERRIDES
+        self.prefilters = prefilters(cfg)
+        self.queue: deque[_Pending] = deque()
+        self.backlog: deque[Task] = deque()
+        self.outstanding = 0  # submitted jobs not handled yet
+        self.lookahead = LOOKAHEAD_PER_WORKER
+
+    def run(self) -> None:
+        self.pool.start()
+        self.lookahead = LOOKAHEAD_PER_WORKER * max(1, int(self.pool.stats.get("workers") or 1))
+        probes, finished = self.sizer.start()
+        self.backlog.extend(probes)
+        for index in finished:
+            self._sized(index)
+        self._feed()
+        while self.queue:
+            pending = self.queue.popleft()
+            self.pool.wait(pending.ticket)
+            self._settle(pending)
+
+    def _feed(self) -> None:
+        while self.backlog and self.outstanding < self.lookahead:
+            self._probe(self.backlog.popleft())
+
+    def _submit(self, job: Task, overrides: dict[str, Any] | None, handle) -> None:
+        holder: list[_Pending] = []
+
+        def finished(done: int, total: int) -> None:
+            pending = holder[0]
+            rows = pending.ticket.results.values()
+            if pending.ticket.done and not any(self._retried(r) for r in rows):
+                self._settle(pending)
+
+        ticket = self.pool.submit([job], finished, overrides)
+        holder.append(_Pending(ticket, handle))
+        self.outstanding += 1
+        self.queue.append(holder[0])
+
+    def _retried(self, rows: list[Verdict]) -> bool:
+        return bool(rows) and rows[-1].reason in self.retried
+
+    def _settle(self, pending: _Pending) -> None:
+        if pending.settled:
+            return
+        pending.settled = True
+        self.outstanding -= 1
+        pending.handle(pending.ticket.results)
+        self._feed()
+
+    def _probe(self, variant: Task) -> None:
+        self._submit(variant, self.measure_overrides, self._measured)
+
+    def _measured(self, results: dict[str, list[Verdict]]) -> None:
+        from opsynth.synth.sizing import probe_of
+
+        for variant_id, rows in results.items():
+            following, finished = self.sizer.observe(variant_id, probe_of(rows))
+            for variant in following:
+                self._probe(variant)
+            for index in finished:
+                self._sized(index)
+
+    def _sized(self, index: int) -> None:
+        """Sizing of survivor ``index`` is done: its chosen variant, unless another candidate
+        holds that code (the run's others, or this chunk's earlier ones: then the later one
+        goes back to its composed task), prefiltered if new, then filtered in the sandbox."""
+        at = self.survivors[index]
+        original = self.chunk.final[at]
+        sized = self.sizer.sized(index)
+        holder = self.claims.get(sized.id)
+        if sized.id == original.id:
+            self.chunk.final[at] = sized  # kept its size; the record says so
+        elif sized.id in self.taken or (holder is not None and holder < at):
+            pass  # stays as composed
+        else:
+            if holder is not None:  # a later candidate reached this code first: it yields
+                self._keep_composed(holder)
+            self.claims[sized.id] = at
+            self.originals[at] = original
+            self.chunk.final[at] = sized
+            self.chunk.pre[at] = apply_filters([sized], self.prefilters).verdicts
+        self._filter(at)
+
+    def _keep_composed(self, at: int) -> None:
+        original = self.originals.pop(at)
+        self.chunk.final[at] = original
+        self.chunk.pre[at] = self.early[at]
+        self._filter(at)
+
+    def _filter(self, at: int) -> None:
+        """Run candidate ``at``'s final task through the sandboxed filters, unless a prefilter
+        rejected it or the same code is already on its way."""
+        task = self.chunk.final[at]
+        if not passed_all(task.id, {task.id: self.chunk.pre[at]}):
+            self._done()
+        elif task.id not in self.filtering:
+            self.filtering.add(task.id)
+
+            def filtered(results: dict[str, list[Verdict]]) -> None:
+                self.chunk.executed[task.id] = results[task.id]
+                self._done()
+
+            self._submit(task, None, filtered)
+
+    def _done(self) -> None:
+        self.chunk.done += 1
+        total = len(self.chunk.final)
+        self.progress(STAGE, min(self.chunk.done, total), total)

@@ -1,0 +1,77 @@
+"""Sizing and filtering a chunk pipelined (``flows.size_screen``) decides as the two-stage path
+does: the same sized tasks and the same verdicts, with nothing probed that static checks
+reject. Both paths run on one real sandboxed pool inside a Prefect flow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "runner_screen.py"
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory, prefect_api: dict[str, str]) -> dict:
+    out = tmp_path_factory.mktemp("paths")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), "local", "pipelined"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **prefect_api},
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# the chunk: sizable() (three sizable tasks, one plain), the forbidden one, two twins, tasks()
+FORBIDDEN = 4
+TWINS = (5, 6)
+
+
+def test_pipelined_sizing_and_filtering_decide_as_two_stages(paths: dict) -> None:
+    two, piped = paths["two_stage"], paths["pipelined"]
+    assert two["stages_timed"] == ["filter", "size"] and piped["stages_timed"] == ["size_filter"]
+    pairs = list(zip(two["final"], piped["final"], strict=True))
+    del pairs[FORBIDDEN]
+    for (two_id, two_sizing), (piped_id, piped_sizing) in pairs:
+        assert piped_id == two_id
+        assert piped["verdicts"][piped_id] == two["verdicts"][two_id]
+        assert (piped_sizing is None) == (two_sizing is None)
+        if piped_sizing is not None:
+            assert [s["value"] for s in piped_sizing["steps"]] == [
+                s["value"] for s in two_sizing["steps"]
+            ]
+            assert piped_sizing["chosen"] == two_sizing["chosen"]
+    # the three sizable tasks grew (to max_value), so their rows are under their sized ids
+    for _, sizing in piped["final"][:3]:
+        assert sizing["chosen"] > sizing["steps"][0]["value"], sizing
+        assert sizing["from_id"]
+
+
+def test_what_static_checks_reject_is_not_probed(paths: dict) -> None:
+    two, piped = paths["two_stage"], paths["pipelined"]
+    task_id, sizing = piped["final"][FORBIDDEN]
+    assert sizing is None  # never measured, so it keeps its composed id
+    assert two["final"][FORBIDDEN][1]["steps"], "the two-stage path probes it first"
+    [(stage, passed, reason)] = piped["verdicts"][task_id]
+    assert (stage, passed) == ("static", False) and reason != "ok"
+    assert two["verdicts"][two["final"][FORBIDDEN][0]] == [[stage, passed, reason]]
+
+
+def test_of_two_candidates_sized_to_one_code_the_first_keeps_it(paths: dict) -> None:
+    for path in ("two_stage", "pipelined"):
+        (first_id, first), (second_id, second) = [paths[path]["final"][i] for i in TWINS]
+        assert first["chosen"] == 256 and first["from_id"], first
+        assert second is None  # back to its composed size: no sizing record
+        assert first_id != second_id
+        assert paths[path]["verdicts"][second_id]  # and filtered as composed
