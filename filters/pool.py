@@ -60,6 +60,14 @@ RETIRE_S = 10.0
 MEASURE_STAGES = ("eager", "runtime")
 # A sizing probe's check settings: eager and the timed runs only, no window.
 MEASURE_OVERRIDES: dict[str, Any] = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
+
+
+def measure_overrides(warmup_runs: int, timed_runs: int) -> dict[str, Any]:
+    """A sizing probe's check settings with its own run counts: a probe needs far less
+    precision than a verdict, and each timed run holds the GPU exclusively."""
+    return {**MEASURE_OVERRIDES, "warmup_runs": warmup_runs, "timed_runs": timed_runs}
+
+
 # The trusted compile-cache warm-up: a cold precompiled header plus a few compiles.
 WARMUP_TIMEOUT_S = 300.0
 # Host-wide (per user) dir of per-GPU timing locks, shared by every pool on the host.
@@ -511,11 +519,14 @@ class WorkerPool:
                 self._retry_alone(ticket)
             return {task_id: ticket.results[task_id] for task_id in ticket.jobs}
 
-    def measure(self, tasks: Iterable[Task]) -> dict[str, list[Verdict]]:
-        """Run only eager and the timed runs (no window, no compile): the sizing probe. The
-        ``runtime`` row's ``eager_ms_median``/``scaled_ms`` are the measurement; these rows
-        are not filter verdicts."""
-        return self.wait(self.submit(tasks, None, MEASURE_OVERRIDES))
+    def measure(
+        self, tasks: Iterable[Task], overrides: dict[str, Any] | None = None
+    ) -> dict[str, list[Verdict]]:
+        """Run only eager and the timed runs (no window, no compile): the sizing probe
+        (``overrides``: ``measure_overrides``' run counts, else the filters'). The ``runtime``
+        row's ``eager_ms_median``/``scaled_ms`` are the measurement; these rows are not
+        filter verdicts."""
+        return self.wait(self.submit(tasks, None, overrides or MEASURE_OVERRIDES))
 
     def run_harness(
         self,

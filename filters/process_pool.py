@@ -139,9 +139,11 @@ def evaluate(
             _collected.notify_all()
 
 
-def measure(cfg: FiltersConfig, device: str, tasks: list[Task]) -> dict[str, list[Verdict]]:
+def measure(
+    cfg: FiltersConfig, device: str, tasks: list[Task], overrides: dict[str, Any] | None = None
+) -> dict[str, list[Verdict]]:
     """``WorkerPool.measure`` (sizing probes) on this process's warm pool."""
-    return evaluate(cfg, device, tasks, MEASURE_OVERRIDES)
+    return evaluate(cfg, device, tasks, overrides or MEASURE_OVERRIDES)
 
 
 def stats() -> dict[str, Any]:

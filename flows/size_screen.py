@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opsynth.config import RunConfig
-from opsynth.flows.stages import LazyPool, Progress, WorkLedger, prefilter_stage, prefilters
+from opsynth.flows.stages import (
+    LazyPool,
+    Progress,
+    WorkLedger,
+    prefilter_stage,
+    prefilters,
+    probe_overrides,
+)
 from opsynth.record import Task, Verdict
 from opsynth.stage import apply_filters
 from opsynth.store import RunDir, digest, read_tasks, read_verdicts, write_tasks, write_verdicts
@@ -117,7 +124,6 @@ class _Pipeline:
         taken: set[str],
         progress: Progress,
     ) -> None:
-        from opsynth.filters.pool import MEASURE_OVERRIDES
         from opsynth.synth.sizing import Sizer
 
         self.pool, self.chunk, self.progress = pool, chunk, progress
@@ -131,7 +137,7 @@ class _Pipeline:
         self.early = list(chunk.pre)  # each composed task's prefilter rows
         self.filtering: set[str] = set()  # task ids submitted to the filters
         self.retried = set(cfg.filters.retry_alone)
-        self.measure_overrides = MEASURE_OVERRIDES
+        self.measure_overrides = probe_overrides(cfg)
         self.prefilters = prefilters(cfg)
         self.queue: deque[_Pending] = deque()
         self.backlog: deque[Task] = deque()

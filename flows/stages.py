@@ -257,6 +257,13 @@ def scatter_shards(
     return [v for i in range(len(shards)) for v in done[i]]
 
 
+def probe_overrides(cfg: RunConfig) -> dict[str, Any]:
+    """A sizing probe's check settings, with ``[sizing]``'s run counts."""
+    from opsynth.filters.pool import measure_overrides
+
+    return measure_overrides(cfg.sizing.probe_warmup_runs, cfg.sizing.probe_timed_runs)
+
+
 @task(name="size", cache_policy=NO_CACHE)
 def size_stage(
     run: RunDir,
@@ -285,7 +292,7 @@ def size_stage(
         if cfg.runner.kind != "local":
             rows = scatter_probes(cfg, batch, device)
         else:
-            rows = pool.get().measure(batch)
+            rows = pool.get().measure(batch, probe_overrides(cfg))
         done += len(batch)
         progress("size", done, done)
         return {task_id: probe_of(found) for task_id, found in rows.items()}
@@ -298,11 +305,13 @@ def size_stage(
 
 
 @task(name="size-probes-remote", cache_policy=NO_CACHE)
-def remote_probe_shard(filters: FiltersConfig, device: str, shard: list[Task]) -> list[Verdict]:
+def remote_probe_shard(
+    filters: FiltersConfig, device: str, shard: list[Task], overrides: dict[str, Any]
+) -> list[Verdict]:
     """One shard of a sizing round's probes on a task-runner worker, on its warm pool."""
     from opsynth.filters import process_pool
 
-    results = process_pool.measure(filters, device, shard)
+    results = process_pool.measure(filters, device, shard, overrides)
     return [v for t in shard for v in results[t.id]]
 
 
@@ -313,7 +322,8 @@ def scatter_probes(cfg: RunConfig, batch: list[Task], device: str) -> dict[str, 
     probes, each a fresh process on a GPU). Per task id, in the batch's order."""
     size = cfg.filters.shard_size
     shards = [batch[start : start + size] for start in range(0, len(batch), size)]
-    futures = [remote_probe_shard.submit(cfg.filters, device, shard) for shard in shards]
+    overrides = probe_overrides(cfg)
+    futures = [remote_probe_shard.submit(cfg.filters, device, shard, overrides) for shard in shards]
     found = group_by_task([v for future in futures for v in future.result()])
     return {t.id: found.get(t.id, []) for t in batch}
 

@@ -624,6 +624,19 @@ class SizingConfig(_Section):
         "share and more than a smaller GPU can train or evaluate on. 8 GiB: 16 side by side "
         "fit a 141 GB GPU, one fits any 16 GB GPU; 0 = no cap",
     )
+    probe_warmup_runs: int = Field(
+        default=1,
+        ge=0,
+        description="untimed runs before a sizing probe's timed ones; the probe's eager stage "
+        "has already run the model once",
+    )
+    probe_timed_runs: int = Field(
+        default=3,
+        ge=1,
+        description="timed runs of a sizing probe (their median is the measurement). A probe "
+        "needs only to land within the band (a factor of 3), not the filters' precision, and "
+        "every timed run holds the GPU exclusively, which all workers queue for",
+    )
     pipelined: bool = Field(
         default=True,
         description="on the in-process pool (runner.kind local), move each candidate on as its "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from opsynth.config import ComposeConfig, FiltersConfig, SizingConfig
-from opsynth.filters.pool import WorkerPool
+from opsynth.filters.pool import WorkerPool, measure_overrides
 from opsynth.record import Task
 from opsynth.synth.compose import compose
 from opsynth.synth.sizing import Probe, find_knob, set_knob, size_tasks, target_ms
@@ -193,17 +193,20 @@ def test_sizing_measures_in_the_sandboxed_pool() -> None:
     # Two workers on a 2-core host get one intra-op thread each: a 2-thread forward on busy
     # cores waits for its preempted second thread and reads milliseconds for microseconds.
     cfg = FiltersConfig(workers=2, cache_dir=str(CACHE), window_ms_cpu=window)
+    sizing = SizingConfig(max_steps=4)
     with WorkerPool(cfg, "cpu") as pool:
 
         def measure(tasks: list[Task]) -> dict[str, Probe]:
             out = {}
-            for task_id, rows in pool.measure(tasks).items():
+            overrides = measure_overrides(sizing.probe_warmup_runs, sizing.probe_timed_runs)
+            for task_id, rows in pool.measure(tasks, overrides).items():
                 last = rows[-1]
                 assert [v.stage for v in rows] == ["eager", "runtime"], rows
+                assert last.measures["timed_runs"] == sizing.probe_timed_runs == 3
                 out[task_id] = Probe(last.measures["scaled_ms"], last.device)
             return out
 
-        [out] = size_tasks([task(1)], measure, window, SizingConfig(max_steps=4))
+        [out] = size_tasks([task(1)], measure, window, sizing)
     record = out.meta["sizing"]
     ms = [step["ms"] for step in record["steps"]]
     assert record["device"].startswith("cpu")
