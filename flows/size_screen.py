@@ -106,7 +106,12 @@ def size_and_screen(
 
 def _executed(chunk: _Chunk, index: int, task: Task) -> list[Verdict]:
     """A candidate's sandbox rows: none when a prefilter rejected it."""
-    return chunk.executed[task.id] if passed_all(task.id, {task.id: chunk.pre[index]}) else []
+    return chunk.executed[task.id] if _passed(chunk.pre[index]) else []
+
+
+def _passed(rows: list[Verdict]) -> bool:
+    """Whether a candidate's prefilter rows let it on to the sandbox."""
+    return bool(rows) and all(v.passed for v in rows)
 
 
 class _Pipeline:
@@ -142,11 +147,10 @@ class _Pipeline:
         self.queue: deque[_Pending] = deque()
         self.backlog: deque[Task] = deque()
         self.outstanding = 0  # submitted jobs not handled yet
-        self.lookahead = LOOKAHEAD_PER_WORKER
+        # the pool has started (LazyPool.get), so its worker count is known
+        self.lookahead = LOOKAHEAD_PER_WORKER * max(1, int(pool.stats.get("workers") or 1))
 
     def run(self) -> None:
-        self.pool.start()
-        self.lookahead = LOOKAHEAD_PER_WORKER * max(1, int(self.pool.stats.get("workers") or 1))
         probes, finished = self.sizer.start()
         self.backlog.extend(probes)
         for index in finished:
@@ -230,7 +234,7 @@ class _Pipeline:
         """Run candidate ``at``'s final task through the sandboxed filters, unless a prefilter
         rejected it or the same code is already on its way."""
         task = self.chunk.final[at]
-        if not passed_all(task.id, {task.id: self.chunk.pre[at]}):
+        if not _passed(self.chunk.pre[at]):
             self._done()
         elif task.id not in self.filtering:
             self.filtering.add(task.id)
