@@ -106,7 +106,7 @@ def size(
     pool: WorkerPool, tasks: list[Task], cfg: FiltersConfig, device: str, sizing: SizingConfig
 ) -> list[Task]:
     """Composed tasks rescaled into the runtime window, as the ``size`` stage of a run does."""
-    from opsynth.synth.sizing import Probe, probe_of, size_tasks
+    from opsynth.filters.sizing import Probe, probe_of, size_tasks
 
     def measure(batch: list[Task]) -> dict[str, Probe]:
         started = time.perf_counter()

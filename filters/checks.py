@@ -15,13 +15,13 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import gc
 import importlib.util
 import math
 import os
 import random
 import statistics
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -29,10 +29,13 @@ from typing import Any
 
 import torch
 
+from opsynth.filters.device_init import cpu_name, device_init_for
 from opsynth.filters.gpulock import exclusive_s, gpu_section, held, waited_s
 from opsynth.filters.harness import CODE_FILE, stages_of
 from opsynth.filters.reasons import STAGES, VERIFY
 from opsynth.filters.serve import Runner, flush_l2
+from opsynth.filters.size_inline import size_here
+from opsynth.filters.sizing import Probe
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -99,6 +102,9 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
     """Run every stage on the candidate at ``code_path``; report through ``emit``. When
     every stage passed and the job goes on to the judge's ``verify``, returns the request
     handlers and the failure classifier it serves the judge with (``filters.serve``)."""
+    sizing = None
+    if settings.get("sizing"):  # size first, in this process (filters.size_inline)
+        sizing = size_here(code_path, settings, probe)
     cand = Candidate(code_path, Settings.from_dict(settings))
     stage_functions: dict[str, Callable[[Candidate], dict[str, Any]]] = {
         "eager": stage_eager,
@@ -114,6 +120,8 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
         emit({"event": "stage", "stage": name})
         start, waited, exclusive = time.perf_counter(), waited_s(), exclusive_s()
         try:
+            if sizing is not None and sizing.get("poisoned"):
+                raise Fail("cuda_error", "a sizing probe poisoned this process's CUDA context")
             row = _row(name, True, "ok", "", stage_functions[name](cand))
         except Fail as fail:
             row = _row(name, False, fail.reason, fail.detail, fail.measures)
@@ -121,6 +129,8 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
             default = "compile_error" if name == "compile" else "forward_error"
             row = _row(name, False, classify(exc, default), describe(exc, code_path), {})
         row["elapsed_s"] = round(time.perf_counter() - start, 6)
+        if sizing is not None:
+            row["measures"]["sizing"], sizing = sizing, None  # on the first row only
         if cand.lock_dir:
             row["measures"]["gpu_lock_wait_s"] = round(waited_s() - waited, 6)
             row["measures"]["gpu_exclusive_s"] = round(exclusive_s() - exclusive, 6)
@@ -134,6 +144,31 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
     return None
 
 
+def probe(path: str, settings: dict[str, Any]) -> tuple[Probe, float | None]:
+    """One sizing probe of the variant at ``path`` in this process (``filters.size_inline``):
+    its scaled eager median and device-memory peak, or why there is none, and the eager
+    stage's ``device_init_s``. Everything it built is released before the next, and the
+    memory peak reset."""
+    cand = Candidate(path, Settings.from_dict(settings))
+    init_s = None
+    try:
+        init_s = stage_eager(cand)["device_init_s"]
+        measures = stage_runtime(cand)
+        found = Probe(float(measures["scaled_ms"]), device_gib=measures.get("device_peak_gib"))
+    except Fail as fail:
+        found = Probe(None, reason=fail.reason)
+    except BaseException as exc:  # the candidate may raise anything, SystemExit included
+        found = Probe(None, reason=classify(exc, "forward_error"))
+    cand.release()
+    sys.modules.pop(CANDIDATE_MODULE, None)
+    gc.collect()
+    if cand.cuda:
+        with contextlib.suppress(Exception):  # a poisoned context fails here too
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+    return found, init_s
+
+
 def served(c: Candidate) -> tuple[dict[str, Any], Callable[[BaseException], str]]:
     """The requests the judge's ``verify`` makes of this candidate (``filters.serve``)."""
 
@@ -143,38 +178,6 @@ def served(c: Candidate) -> tuple[dict[str, Any], Callable[[BaseException], str]
     forwards = {"eager": forward(None), "compiled": forward(c.compiled)}
     runner = Runner(c.device, c.draw_from, forwards, c.gpu_lock if c.lock_dir else None)
     return runner.handlers(), lambda exc: classify(exc, "forward_error")
-
-
-def device_info(device: str) -> dict[str, Any]:
-    """Initialise the device, prove a kernel runs, and describe it (name, versions, L2)."""
-    info: dict[str, Any] = {
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda or "",
-    }
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        x = torch.randn(64, 64, device="cuda")
-        (x @ x).sum().item()
-        info.update(
-            device_name=props.name,
-            device_uuid=str(getattr(props, "uuid", "")),
-            l2_bytes=int(getattr(props, "L2_cache_size", 0)),
-            memory_bytes=int(props.total_memory),
-            capability=f"{props.major}.{props.minor}",
-        )
-    else:
-        x = torch.randn(64, 64)
-        (x @ x).sum().item()
-        info.update(device_name=cpu_name(), threads=torch.get_num_threads())
-    return info
-
-
-def cpu_name() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
-        for line in fh:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "cpu"
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,6 +203,12 @@ class Candidate:
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    def release(self) -> None:
+        """Drop the module, model and every tensor held here (a sizing probe's, before the
+        next variant is built in the same process)."""
+        self.module = self.model = self.compiled = None
+        self.inputs, self.outputs, self._l2_buffer = [], [], None
 
     def sync(self) -> None:
         if self.cuda:
@@ -247,92 +256,6 @@ class Candidate:
 
     def gpu_shared(self) -> contextlib.AbstractContextManager[None]:
         return self.gpu_lock(exclusive=False)
-
-
-class DeviceInit:
-    """Creates the CUDA context, and warms cuBLAS and cuDNN, on a thread. Every candidate is a
-    fresh process, so each needs a context of its own (4.6-6.4 s median on an H200 with 16
-    workers creating theirs at the same time), and its first matmul or convolution would create
-    the library's handle and load its kernels (there, a candidate's first forward took 223 ms
-    median without a convolution and 547 ms with one, where its later runs take a few ms; 134
-    and 150 ms with the libraries warmed here). The worker starts this in its prestarted child
-    while the previous candidate still runs (``start_device_init``), so a candidate usually
-    finds it done; otherwise the candidate starts it, where it overlaps importing and building
-    the model on the CPU. Either way it happens before, not inside, the GPU lock's shared
-    sections (a queued timer waits for every shared section in flight)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.seconds = 0.0
-        self.warm_seconds = 0.0
-        self.failed = False
-        # Candidates that used this context: more than one in a reused process, where only
-        # the first paid for it.
-        self.candidates = 0
-        self._thread: threading.Thread | None = None
-        if device.type == "cuda":
-            self._thread = threading.Thread(target=self._run, args=(device,), daemon=True)
-            self._thread.start()
-
-    def _run(self, device: torch.device) -> None:
-        start = time.perf_counter()
-        try:
-            torch.zeros(1, device=device)
-        except BaseException:
-            # the failure resurfaces, with its message, at the candidate's first CUDA call
-            self.failed = True
-        self.seconds = time.perf_counter() - start
-        if self.failed:
-            return
-        start = time.perf_counter()
-        with contextlib.suppress(BaseException):  # a library that fails here fails the candidate
-            warm_libraries(device)
-        self.warm_seconds = time.perf_counter() - start
-
-    @property
-    def done(self) -> bool:
-        return self._thread is None or not self._thread.is_alive()
-
-    def wait(self) -> float:
-        """Seconds spent waiting here (0 when the context was ready)."""
-        start = time.perf_counter()
-        if self._thread is not None:
-            self._thread.join()
-        return time.perf_counter() - start
-
-
-def warm_libraries(device: torch.device) -> None:
-    """One tiny matmul, linear and convolution: the libraries load and create their handles.
-    Handles are per thread, but a finished thread returns them to torch's pool, where the
-    candidate's thread takes them up. No random draws: they would move the CUDA generator a
-    constructor that draws on the GPU starts from. The kernels take microseconds, so running
-    them outside the GPU lock does not disturb a timer."""
-    x = torch.ones(8, 16, device=device)
-    w = torch.ones(16, 16, device=device)
-    x @ w
-    torch.nn.functional.linear(x, w, torch.ones(16, device=device))  # cuBLASLt, with bias
-    image = torch.ones(1, 4, 8, 8, device=device)
-    kernel = torch.ones(4, 4, 3, 3, device=device)
-    torch.nn.functional.conv2d(image, kernel)
-    torch.nn.functional.conv_transpose2d(image, kernel)
-    torch.cuda.synchronize(device)
-
-
-_early_init: DeviceInit | None = None
-
-
-def start_device_init(device: str) -> DeviceInit:
-    """Start creating the CUDA context now, in a child forked ahead of its candidate; the
-    candidate's ``Candidate`` then takes this one over instead of starting its own."""
-    global _early_init
-    _early_init = DeviceInit(torch.device(device))
-    return _early_init
-
-
-def device_init_for(device: torch.device) -> DeviceInit:
-    if _early_init is not None and _early_init.device == device:
-        return _early_init
-    return DeviceInit(device)
 
 
 # --------------------------------------------------------------------------------------------

@@ -201,9 +201,9 @@ class Worker:
         locks = os.path.join(self.tmp, compile_cache.PRIVATE, "header-locks")
         compile_cache.use_trusted_headers(self.trusted_cache, locks)
 
-        from opsynth.filters import checks
+        from opsynth.filters import checks, device_init
 
-        self.checks = checks
+        self.checks, self.device_init = checks, device_init
         import_s = time.perf_counter() - start
         info, failure, _ = self.run_child({"kind": "probe", "settings": {"device": self.device}})
         if failure and self.preimport and FORK_POISONED in failure[1]:
@@ -332,7 +332,7 @@ class Worker:
         kind, settings = job["kind"], job["settings"]
 
         def probe(emit: Emit) -> None:
-            emit({"event": "info", **self.checks.device_info(self.device)})
+            emit({"event": "info", **self.device_init.device_info(self.device)})
             emit({"event": "done"})
 
         def calibrate(emit: Emit) -> None:
@@ -634,7 +634,7 @@ class Worker:
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
             os.close(null)
-            early = self.checks.start_device_init(self.device)
+            early = self.device_init.start_device_init(self.device)
             ahead = None
             if prepare_ahead:
                 from opsynth.filters import state_audit

@@ -1,6 +1,6 @@
 """Sizing and filtering one chunk of candidates as a pipeline on the in-process pool.
 
-Run as two stages, sizing moves every candidate in lockstep rounds (``synth.sizing.size_tasks``)
+Run as two stages, sizing moves every candidate in lockstep rounds (``filters.sizing.size_tasks``)
 and filtering starts after the last round: at each round's end and at the stage's end the
 workers wait for the slowest candidate. Here each candidate moves on the moment its own probe
 returns, to its next probe or to its full filter run, so the workers are fed from start to end
@@ -10,11 +10,14 @@ The decisions are the two-stage path's: the same ``Sizer`` steps per candidate, 
 prefilters on the sized variant, the same rule that a sized variant whose code another
 candidate already has stays unsized (``opsynth.verdicts.adopt_sized``: among the chunk's
 candidates that size to one code, the first in chunk order keeps it, whichever finishes
-first). Import this module only after ``flows.prefect_env``.
+first). With ``sizing.inline`` a candidate's probes run in its own filter job instead
+(``filters.size_inline``), one process per candidate; its claimed size is checked and applied
+here. Import this module only after ``flows.prefect_env``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,6 +112,24 @@ def _executed(chunk: _Chunk, index: int, task: Task) -> list[Verdict]:
     return chunk.executed[task.id] if _passed(chunk.pre[index]) else []
 
 
+def _violation(rows: list[Verdict], task_id: str, problem: str) -> list[Verdict]:
+    """An inline job's rows as ``task_id``'s, ending in ``protocol_violation`` (``problem``;
+    when empty, its last row already is one)."""
+    if not problem:
+        return [dataclasses.replace(v, task_id=task_id) for v in rows]
+    last = rows[-1] if rows else None
+    row = Verdict(
+        task_id=task_id,
+        stage="eager",
+        passed=False,
+        reason="protocol_violation",
+        detail=problem[:2000],
+        device=last.device if last else "",
+        torch_version=last.torch_version if last else "",
+    )
+    return [row]
+
+
 def _passed(rows: list[Verdict]) -> bool:
     """Whether a candidate's prefilter rows let it on to the sandbox."""
     return bool(rows) and all(v.passed for v in rows)
@@ -129,12 +150,18 @@ class _Pipeline:
         taken: set[str],
         progress: Progress,
     ) -> None:
-        from opsynth.synth.sizing import Sizer
+        from opsynth.filters.sizing import Sizer, inline_settings
 
         self.pool, self.chunk, self.progress = pool, chunk, progress
         self.survivors = survivors  # sizer index -> chunk index
-        window = cfg.filters.window_ms(device)
-        self.sizer = Sizer([chunk.final[i] for i in survivors], window, cfg.sizing)
+        self.cfg, self.window = cfg, cfg.filters.window_ms(device)
+        self.sizer = Sizer([chunk.final[i] for i in survivors], self.window, cfg.sizing)
+        # with sizing.inline, a candidate's first job sizes it in its own filter process
+        self.first_job = self._inline if cfg.sizing.inline else self._probe
+        self.inline_overrides = {
+            "sizing": inline_settings(cfg.sizing, self.window),
+            "task_timeout_s": cfg.filters.task_timeout_s + cfg.sizing.inline_timeout_s,
+        }
         # the run's other candidates and this chunk's composed tasks: no sized variant's code
         self.taken = set(taken) | {t.id for t in chunk.final}
         self.claims: dict[str, int] = {}  # sized code id -> the chunk index holding it
@@ -145,7 +172,7 @@ class _Pipeline:
         self.measure_overrides = probe_overrides(cfg)
         self.prefilters = prefilters(cfg)
         self.queue: deque[_Pending] = deque()
-        self.backlog: deque[Task] = deque()
+        self.backlog: deque[Task] = deque()  # candidates waiting for their first job
         self.outstanding = 0  # submitted jobs not handled yet
         # the pool has started (LazyPool.get), so its worker count is known
         self.lookahead = LOOKAHEAD_PER_WORKER * max(1, int(pool.stats.get("workers") or 1))
@@ -163,7 +190,7 @@ class _Pipeline:
 
     def _feed(self) -> None:
         while self.backlog and self.outstanding < self.lookahead:
-            self._probe(self.backlog.popleft())
+            self.first_job(self.backlog.popleft())
 
     def _submit(self, job: Task, overrides: dict[str, Any] | None, handle) -> None:
         holder: list[_Pending] = []
@@ -194,7 +221,7 @@ class _Pipeline:
         self._submit(variant, self.measure_overrides, self._measured)
 
     def _measured(self, results: dict[str, list[Verdict]]) -> None:
-        from opsynth.synth.sizing import probe_of
+        from opsynth.filters.sizing import probe_of
 
         for variant_id, rows in results.items():
             following, finished = self.sizer.observe(variant_id, probe_of(rows))
@@ -203,13 +230,50 @@ class _Pipeline:
             for index in finished:
                 self._sized(index)
 
+    def _inline(self, variant: Task) -> None:
+        """One job that sizes the composed ``variant`` in its own process and filters the
+        chosen size there (``filters.size_inline``)."""
+        self._submit(variant, self.inline_overrides, lambda rows: self._inlined(variant, rows))
+
+    def _inlined(self, variant: Task, results: dict[str, list[Verdict]]) -> None:
+        """An inline job's rows: the chosen variant from the claim on its first row, whose rows
+        they are, then placed as a probed candidate's would be. Without a claim (the process
+        died first) the candidate is sized by separate probes instead, unless it broke the
+        protocol: that verdict stands. A claim the search could not have made is the
+        candidate's ``protocol_violation``."""
+        from opsynth.filters.sizing import claimed
+
+        rows = results[variant.id]
+        claim = rows[0].measures.get("sizing") if rows and rows[0].stage == "eager" else None
+        if claim is None and not (rows and rows[-1].reason == "protocol_violation"):
+            self._probe(variant)
+            return
+        for index in self.sizer.take(variant.id):
+            at = self.survivors[index]
+            original = self.chunk.final[at]
+            sized, problem = None, ""
+            if claim is not None:
+                try:
+                    sized = claimed(original, claim, rows[0].device, self.window, self.cfg.sizing)
+                except ValueError as bad:
+                    problem = f"its sizing claim: {bad}"
+            if sized is None:  # it broke the protocol: rejected as composed
+                self.chunk.executed[original.id] = _violation(rows, original.id, problem)
+                self._filter(at)
+                continue
+            if not claim.get("poisoned"):  # else its stages could not run there
+                ours = [dataclasses.replace(v, task_id=sized.id) for v in rows]
+                self.chunk.executed.setdefault(sized.id, ours)
+            self._place(at, sized)
+
     def _sized(self, index: int) -> None:
-        """Sizing of survivor ``index`` is done: its chosen variant, unless another candidate
+        self._place(self.survivors[index], self.sizer.sized(index))
+
+    def _place(self, at: int, sized: Task) -> None:
+        """Sizing of candidate ``at`` is done: its chosen variant, unless another candidate
         holds that code (the run's others, or this chunk's earlier ones: then the later one
         goes back to its composed task), prefiltered if new, then filtered in the sandbox."""
-        at = self.survivors[index]
         original = self.chunk.final[at]
-        sized = self.sizer.sized(index)
         holder = self.claims.get(sized.id)
         if sized.id == original.id:
             self.chunk.final[at] = sized  # kept its size; the record says so
@@ -232,12 +296,15 @@ class _Pipeline:
 
     def _filter(self, at: int) -> None:
         """Run candidate ``at``'s final task through the sandboxed filters, unless a prefilter
-        rejected it or the same code is already on its way."""
+        rejected it, the same code is already on its way, or an inline job filtered it."""
         task = self.chunk.final[at]
         if not _passed(self.chunk.pre[at]):
             self._done()
         elif task.id not in self.filtering:
             self.filtering.add(task.id)
+            if task.id in self.chunk.executed:
+                self._done()
+                return
 
             def filtered(results: dict[str, list[Verdict]]) -> None:
                 self.chunk.executed[task.id] = results[task.id]

@@ -275,9 +275,9 @@ def size_stage(
     progress: Progress,
 ) -> list[Task]:
     """Each task rescaled toward the runtime window's log-middle by measuring it in the
-    sandboxed workers (``synth.sizing``): the in-process pool's (``runner.kind`` local), else
+    sandboxed workers (``filters.sizing``): the in-process pool's (``runner.kind`` local), else
     the task runner's; same order, one task per input task."""
-    from opsynth.synth.sizing import probe_of, size_tasks
+    from opsynth.filters.sizing import probe_of, size_tasks
 
     parts = (cfg.sizing, cfg.filters)
     key = digest(*[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks])

@@ -582,7 +582,7 @@ class FiltersConfig(_Section):
 
 
 class SizingConfig(_Section):
-    """Measure-and-rescale of each candidate's batch before the filters (``synth.sizing``)."""
+    """Measure-and-rescale of each candidate's batch before the filters (``filters.sizing``)."""
 
     enabled: bool = Field(
         default=True,
@@ -642,6 +642,19 @@ class SizingConfig(_Section):
         description="on the in-process pool (runner.kind local), move each candidate on as its "
         "own probe returns, to its next probe or its filter run, instead of sizing the chunk "
         "in lockstep rounds and filtering after the last; the same decisions either way",
+    )
+    inline: bool = Field(
+        default=True,
+        description="with pipelined, a candidate's probes run in its own filter process, "
+        "before its stages (filters.size_inline): one sandboxed process, and one CUDA context, "
+        "per candidate instead of one per probe plus one. The chosen size is then the "
+        "candidate's claim (ARCHITECTURE.md's threat model); a candidate whose process dies "
+        "before it reports one is sized by separate probes",
+    )
+    inline_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="wall clock added to filters.task_timeout_s for a job that sizes inline",
     )
 
 

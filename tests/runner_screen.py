@@ -89,9 +89,50 @@ def twins() -> list[Task]:
     ]
 
 
+def forgers() -> list[Task]:
+    """Sizable tasks whose final module rewrites the sizing claim its process is about to
+    report (found through ``gc``, which the test's config lets tasks import): one chooses a
+    size it never measured, one empties the claim."""
+    forge = (
+        "import gc\n"
+        "for found in gc.get_objects():\n"
+        "    if isinstance(found, dict) and 'chosen' in found and 'steps' in found:\n"
+        "        {}\n"
+        "batch_size = 4\n"
+    )
+    return [
+        Task(
+            ops=[f"forger{n}"],
+            data_source="torch#1",
+            code=task_source(
+                f"return torch.relu(x) + {n}",
+                header=forge.format(action),
+                inputs="[torch.randn(batch_size, 4096)]",
+            ),
+        )
+        for n, action in enumerate(("found['chosen'] = 3", "found.clear()"))
+    ]
+
+
+def poisoner() -> Task:
+    """A sizable task whose larger sizes raise a CUDA error (as a kernel indexing past 2**31
+    elements would), which leaves a real process's context unusable."""
+    return Task(
+        ops=["poisoner"],
+        data_source="torch#1",
+        code=task_source(
+            'if x.shape[0] > 4:\n            raise RuntimeError("CUDA error: illegal memory '
+            'access")\n        return torch.relu(x) + 1',
+            header="batch_size = 4\n",
+            inputs="[torch.randn(batch_size, 4096)]",
+        ),
+    )
+
+
 def both_paths(out: str, cfg: RunConfig, progress) -> dict:
-    """The same chunk through the two-stage and the pipelined path on one pool: per path, the
-    chunk's final tasks (id, sizing steps or None) and every task's verdict rows."""
+    """The same chunk through the two-stage, the pipelined and the inline path on one pool:
+    per path, the chunk's final tasks (id, sizing steps or None), every task's verdict rows
+    and the jobs the pool ran; then the forgers and the poisoner through the inline path."""
     from opsynth.flows.regenerate import size_and_filter
     from opsynth.flows.stages import LazyPool, WorkLedger
     from opsynth.store import RunDir
@@ -99,15 +140,23 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
 
     chunk = sizable() + [forbidden()] + twins() + tasks()
     cfg = cfg.with_section("sizing", max_value=256)
+    cfg = cfg.with_section("filters", task_modules=[*cfg.filters.task_modules, "gc"])
     pool = LazyPool(cfg, "cpu")
     result: dict = {}
+    paths = (
+        ("two_stage", False, False, chunk),
+        ("pipelined", True, False, chunk),
+        ("inline", True, True, chunk),
+        ("forged", True, True, [*forgers(), poisoner()]),
+    )
     try:
-        for path, pipelined in (("two_stage", False), ("pipelined", True)):
-            run_cfg = cfg.with_section("sizing", pipelined=pipelined)
+        for path, pipelined, inline, tasks_in in paths:
+            run_cfg = cfg.with_section("sizing", pipelined=pipelined, inline=inline)
             run = RunDir.create(Path(out) / path)
             ledger = WorkLedger()
+            jobs = pool.pool.stats["candidates"] if pool.pool else 0
             final, _, verdicts = size_and_filter(
-                run, run_cfg, chunk, "cpu", pool, ledger, progress, list(chunk), []
+                run, run_cfg, tasks_in, "cpu", pool, ledger, progress, list(tasks_in), []
             )
             rows = group_by_task(verdicts)
             result[path] = {
@@ -115,7 +164,9 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
                 "verdicts": {
                     t.id: [(v.stage, v.passed, v.reason) for v in rows.get(t.id, [])] for t in final
                 },
+                "details": {t.id: rows[t.id][-1].detail for t in final if rows.get(t.id)},
                 "stages_timed": sorted(ledger.seconds),
+                "jobs": pool.pool.stats["candidates"] - jobs,
             }
     finally:
         pool.close()

@@ -131,7 +131,7 @@ def test_run_writes_every_stage_file(reference_run):
         assert "class Model" in row["code"] and "def get_inputs" in row["code"]
         meta = json.loads(row["meta"])
         assert meta["filters"]["runtime"]
-        # sized on the filtering device before the filters ran (synth.sizing)
+        # sized on the filtering device before the filters ran (filters.sizing)
         assert meta["sizing"]["device"].startswith("cpu") and meta["sizing"]["steps"]
 
 

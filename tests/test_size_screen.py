@@ -1,6 +1,8 @@
-"""Sizing and filtering a chunk pipelined (``flows.size_screen``) decides as the two-stage path
-does: the same sized tasks and the same verdicts, with nothing probed that static checks
-reject. Both paths run on one real sandboxed pool inside a Prefect flow."""
+"""Sizing and filtering a chunk pipelined (``flows.size_screen``), by separate probes or inline
+in each candidate's filter process, decides as the two-stage path does: the same sized tasks
+and the same verdicts, with nothing probed that static checks reject; inline, in one job per
+candidate, and a forged sizing claim is the candidate's protocol violation. Every path runs
+on one real sandboxed pool inside a Prefect flow."""
 
 from __future__ import annotations
 
@@ -38,8 +40,9 @@ FORBIDDEN = 4
 TWINS = (5, 6)
 
 
-def test_pipelined_sizing_and_filtering_decide_as_two_stages(paths: dict) -> None:
-    two, piped = paths["two_stage"], paths["pipelined"]
+@pytest.mark.parametrize("path", ["pipelined", "inline"])
+def test_pipelined_sizing_and_filtering_decide_as_two_stages(paths: dict, path: str) -> None:
+    two, piped = paths["two_stage"], paths[path]
     assert two["stages_timed"] == ["filter", "size"] and piped["stages_timed"] == ["size_filter"]
     pairs = list(zip(two["final"], piped["final"], strict=True))
     del pairs[FORBIDDEN]
@@ -58,6 +61,28 @@ def test_pipelined_sizing_and_filtering_decide_as_two_stages(paths: dict) -> Non
         assert sizing["from_id"]
 
 
+def test_inline_sizing_runs_one_job_per_candidate(paths: dict) -> None:
+    inline, piped = paths["inline"], paths["pipelined"]
+    sized = [sizing for _, sizing in inline["final"] if sizing and sizing["steps"]]
+    assert len(sized) == 4 and all(s["measured"] == "in_filter_process" for s in sized)
+    rows_of = inline["verdicts"]
+    executed = {task_id for task_id, rows in rows_of.items() if any(r[0] == "eager" for r in rows)}
+    # one job per candidate that reached the sandbox, and one more: the second twin's sized
+    # job, whose code the first twin keeps, so it is filtered again as composed
+    assert inline["jobs"] == len(executed) + 1, (inline["jobs"], len(executed))
+    assert piped["jobs"] > inline["jobs"] + 5, (piped["jobs"], inline["jobs"])
+
+
+def test_a_forged_sizing_claim_is_a_protocol_violation(paths: dict) -> None:
+    forged = paths["forged"]
+    for task_id, sizing in forged["final"][:2]:
+        assert sizing is None, sizing  # rejected as composed
+        *prefilters, last = forged["verdicts"][task_id]
+        assert all(passed for _, passed, _ in prefilters) and len(prefilters) == 2
+        assert last == ["eager", False, "protocol_violation"]
+        assert "sizing claim" in forged["details"][task_id], forged["details"][task_id]
+
+
 def test_what_static_checks_reject_is_not_probed(paths: dict) -> None:
     two, piped = paths["two_stage"], paths["pipelined"]
     task_id, sizing = piped["final"][FORBIDDEN]
@@ -69,9 +94,18 @@ def test_what_static_checks_reject_is_not_probed(paths: dict) -> None:
 
 
 def test_of_two_candidates_sized_to_one_code_the_first_keeps_it(paths: dict) -> None:
-    for path in ("two_stage", "pipelined"):
+    for path in ("two_stage", "pipelined", "inline"):
         (first_id, first), (second_id, second) = [paths[path]["final"][i] for i in TWINS]
         assert first["chosen"] == 256 and first["from_id"], first
         assert second is None  # back to its composed size: no sizing record
         assert first_id != second_id
         assert paths[path]["verdicts"][second_id]  # and filtered as composed
+
+
+def test_a_candidate_that_poisons_its_context_while_sizing_is_filtered_afresh(paths) -> None:
+    forged = paths["forged"]
+    task_id, sizing = forged["final"][2]
+    assert [s["reason"] for s in sizing["steps"]] == ["", "cuda_error"], sizing
+    assert sizing["chosen"] == 4 and "from_id" not in sizing  # the size it measured
+    *_, last = forged["verdicts"][task_id]
+    assert last[2] != "cuda_error", last  # its verdict comes from a fresh process

@@ -21,6 +21,11 @@ the tightest such estimate: the small first probe is mostly the fixed part (0.13
 on an H200), and a limit kept from it stopped tasks at a quarter of the cap.
 Sized to fill the window on a large GPU, tasks otherwise hold tens of GB each, and a GPU shared
 by many filter (or evaluation) workers runs out of memory.
+
+``Search`` is one task's search over its knob's values, the rule itself; ``Sizer`` runs many
+searches over ``Task`` variants for the orchestrator's drivers, and ``filters.size_inline``
+runs one inside a candidate's own filter process. Standard library only at run time: the
+sandboxed child imports this module.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from opsynth.config import SizingConfig
-from opsynth.record import Task, Verdict
+if TYPE_CHECKING:  # the sandboxed child imports this module: standard library only at run time
+    from opsynth.record import Task, Verdict
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class Probe:
     device_gib: float | None = None  # device-memory peak (GPU only)
 
 
-Measure = Callable[[list[Task]], dict[str, Probe]]
+Measure = Callable[[list["Task"]], dict[str, "Probe"]]
 # A batch limit that never binds (no memory reading, or no cap).
 NO_LIMIT = 1 << 62
 
@@ -118,7 +123,52 @@ def target_ms(window: tuple[float, float]) -> float:
     return math.sqrt(max(lo, hi * 1e-4) * hi)
 
 
-def next_value(value: int, ms: float, target: float, cfg: SizingConfig) -> int:
+class Rule(Protocol):
+    """The settings a search follows: ``opsynth.config.SizingConfig`` on the orchestrator,
+    ``RuleSettings`` from a job's JSON in the sandbox."""
+
+    band: float
+    max_steps: int
+    max_step_scale: float
+    max_value: int
+    max_device_gib: float
+
+
+@dataclass(frozen=True)
+class RuleSettings:
+    """A ``Rule`` as plain data, to send with a job (``to_json``/``from_json``)."""
+
+    band: float
+    max_steps: int
+    max_step_scale: float
+    max_value: int
+    max_device_gib: float
+
+    @classmethod
+    def of(cls, rule: Rule) -> RuleSettings:
+        return cls(*(getattr(rule, f.name) for f in dataclasses.fields(cls)))
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RuleSettings:
+        return cls(*(data[f.name] for f in dataclasses.fields(cls)))
+
+
+def inline_settings(cfg: Any, window: tuple[float, float]) -> dict[str, Any]:
+    """The ``sizing`` entry of a filter job's settings that asks the candidate's own process
+    to size it first (``filters.size_inline``), under ``cfg`` (``SizingConfig``)."""
+    return {
+        "constant_names": list(cfg.constant_names),
+        "target_ms": target_ms(window),
+        "rule": RuleSettings.of(cfg).to_json(),
+        "warmup_runs": cfg.probe_warmup_runs,
+        "timed_runs": cfg.probe_timed_runs,
+    }
+
+
+def next_value(value: int, ms: float, target: float, cfg: Rule) -> int:
     """The batch that should take ``target`` ms, as the nearest power of two: KernelBench-like
     sizes, and two runs whose measurements differ only by noise pick the same one (the band
     spans more than a factor of two, so a power of two always fits)."""
@@ -150,15 +200,60 @@ def _distance(ms: float, target: float) -> float:
     return abs(math.log(ms / target))
 
 
+class Search:
+    """One task's measure-and-rescale search over its knob's values: ``current`` is the value
+    to measure, ``observe`` takes its measurement and names the next one (None: done), and
+    ``chosen`` is the measured value closest to the target."""
+
+    def __init__(self, value: int, target: float, rule: Rule) -> None:
+        self.rule, self.target = rule, target
+        self.current = value
+        self.steps: list[dict[str, Any]] = []
+        self.tried = {value}
+        self.device = ""
+
+    def observe(self, probe: Probe) -> int | None:
+        rule, target = self.rule, self.target
+        self.device = self.device or probe.device
+        step: dict[str, Any] = {"value": self.current, "ms": probe.ms, "reason": probe.reason}
+        gib = probe.device_gib
+        if gib is not None:
+            step["device_gib"] = gib
+        self.steps.append(step)
+        if probe.ms is None or probe.ms <= 0:
+            return None
+        over = rule.max_device_gib > 0 and gib is not None and gib > rule.max_device_gib
+        if not over and target / rule.band <= probe.ms <= target * rule.band:
+            return None
+        limit = _memory_limit(self.steps, rule.max_device_gib)
+        value: int | None = min(next_value(self.current, probe.ms, target, rule), limit)
+        if value in self.tried:
+            value = _bisect(self.steps, target)
+            value = None if value is None else min(value, limit)
+        if value is None or value in self.tried or len(self.steps) > rule.max_steps:
+            return None
+        self.current = value
+        self.tried.add(value)
+        return value
+
+    def chosen(self) -> int | None:
+        """The measured value closest to the target, preferring those within the memory cap;
+        None when no measurement succeeded."""
+        measured = [step for step in self.steps if step["ms"]]
+        if self.rule.max_device_gib > 0:
+            cap = self.rule.max_device_gib
+            measured = [st for st in measured if st.get("device_gib", 0.0) <= cap] or measured
+        best = min(measured, key=lambda step: _distance(step["ms"], self.target), default=None)
+        return best["value"] if best else None
+
+
 @dataclass
 class _Sizing:
     task: Task
     knob: Knob | None
-    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    search: Search | None = None
     variants: dict[int, Task] = dataclasses.field(default_factory=dict)
-    current: int = 0
     done: bool = False
-    device: str = ""
     note: str = ""
 
 
@@ -169,8 +264,8 @@ class Sizer:
     measurement and names what to measure next and which tasks (by input index) are done;
     ``sized`` is a done task's chosen variant."""
 
-    def __init__(self, tasks: Sequence[Task], window: tuple[float, float], cfg: SizingConfig):
-        self.cfg = cfg
+    def __init__(self, tasks: Sequence[Task], window: tuple[float, float], cfg: Any):
+        self.cfg = cfg  # opsynth.config.SizingConfig: a Rule with constant_names
         self.target = target_ms(window)
         self._states: list[_Sizing] = []
         # variant id -> indices of the tasks waiting for its measurement
@@ -181,7 +276,7 @@ class Sizer:
             if knob is None:
                 state.done, state.note = True, f"no {'/'.join(cfg.constant_names)} constant"
             else:
-                state.current = knob.value
+                state.search = Search(knob.value, self.target, cfg)
                 state.variants[knob.value] = task
             self._states.append(state)
 
@@ -201,12 +296,24 @@ class Sizer:
         probes: list[Task] = []
         finished: list[int] = []
         for index in self._waiting.pop(variant_id, []):
-            self._step(self._states[index], probe)
-            if self._states[index].done:
+            state = self._states[index]
+            assert state.search is not None
+            value = state.search.observe(probe)
+            if value is None:
+                state.done = True
                 finished.append(index)
             else:
+                state.variants[value] = _variant(state.task, state.knob, value)
                 probes += self._wait_for(index)
         return probes, finished
+
+    def take(self, variant_id: str) -> list[int]:
+        """The tasks waiting on ``variant_id``, for a driver that sized them another way
+        (``filters.size_inline``): done here, and never measured."""
+        indices = self._waiting.pop(variant_id, [])
+        for index in indices:
+            self._states[index].done = True
+        return indices
 
     def sized(self, index: int) -> Task:
         """Task ``index`` (a done one) as chosen, with ``meta["sizing"]``."""
@@ -216,40 +323,16 @@ class Sizer:
         return [self.sized(i) for i in range(len(self._states))]
 
     def _wait_for(self, index: int) -> list[Task]:
-        variant = self._states[index].variants[self._states[index].current]
+        state = self._states[index]
+        assert state.search is not None
+        variant = state.variants[state.search.current]
         first = variant.id not in self._waiting
         self._waiting.setdefault(variant.id, []).append(index)
         return [variant] if first else []
 
-    def _step(self, s: _Sizing, probe: Probe) -> None:
-        cfg, target = self.cfg, self.target
-        s.device = s.device or probe.device
-        step: dict[str, Any] = {"value": s.current, "ms": probe.ms, "reason": probe.reason}
-        gib = probe.device_gib
-        if gib is not None:
-            step["device_gib"] = gib
-        s.steps.append(step)
-        if probe.ms is None or probe.ms <= 0:
-            s.done = True
-            return
-        over = cfg.max_device_gib > 0 and gib is not None and gib > cfg.max_device_gib
-        if not over and target / cfg.band <= probe.ms <= target * cfg.band:
-            s.done = True
-            return
-        limit = _memory_limit(s.steps, cfg.max_device_gib)
-        value: int | None = min(next_value(s.current, probe.ms, target, cfg), limit)
-        if value in s.variants:
-            value = _bisect(s.steps, target)
-            value = None if value is None else min(value, limit)
-        if value is None or value in s.variants or len(s.steps) > cfg.max_steps:
-            s.done = True
-            return
-        s.current = value
-        s.variants[value] = _variant(s.task, s.knob, value)
-
 
 def size_tasks(
-    tasks: Sequence[Task], measure: Measure, window: tuple[float, float], cfg: SizingConfig
+    tasks: Sequence[Task], measure: Measure, window: tuple[float, float], cfg: Any
 ) -> list[Task]:
     """Each task, or its rescaled variant closest to the window's log-middle, with
     ``meta["sizing"]`` recording the device, the target and every step. All tasks move in
@@ -284,25 +367,68 @@ def _variant(task: Task, knob: Knob | None, value: int) -> Task:
     return dataclasses.replace(task, code=set_knob(task.code, knob, value), id="")
 
 
-def _chosen(s: _Sizing, target: float, cfg: SizingConfig) -> Task:
-    measured = [step for step in s.steps if step["ms"]]
-    if cfg.max_device_gib > 0:
-        within = [st for st in measured if st.get("device_gib", 0.0) <= cfg.max_device_gib]
-        measured = within or measured
-    best = min(measured, key=lambda step: _distance(step["ms"], target), default=None)
-    value = best["value"] if best else (s.knob.value if s.knob else None)
-    record: dict[str, Any] = {
-        "device": s.device,
+def _record(knob: Knob | None, search: Search | None, target: float, cfg: Rule) -> dict[str, Any]:
+    return {
+        "device": search.device if search else "",
         "target_ms": round(target, 4),
         "band": cfg.band,
         "max_device_gib": cfg.max_device_gib,
-        "constant": s.knob.name if s.knob else None,
-        "steps": s.steps,
-        "chosen": value,
+        "constant": knob.name if knob else None,
+        "steps": search.steps if search else [],
     }
+
+
+def _with_sizing(task: Task, base: Task, record: dict[str, Any]) -> Task:
+    if base is not task:
+        record["from_id"] = task.id
+    return dataclasses.replace(base, meta={**base.meta, "sizing": record}, id="")
+
+
+def _chosen(s: _Sizing, target: float, cfg: Rule) -> Task:
+    value = s.search.chosen() if s.search else None
+    if value is None and s.knob is not None:
+        value = s.knob.value
+    record = {**_record(s.knob, s.search, target, cfg), "chosen": value}
     if s.note:
         record["note"] = s.note
     base = s.variants.get(value, s.task) if value is not None else s.task
-    if base is not s.task:
-        record["from_id"] = s.task.id
-    return dataclasses.replace(base, meta={**base.meta, "sizing": record}, id="")
+    return _with_sizing(s.task, base, record)
+
+
+def claimed(task: Task, claim: Any, device: str, window: tuple[float, float], cfg: Any) -> Task:
+    """``task``'s variant that its own filter process says it chose (``filters.size_inline``),
+    with ``meta["sizing"]`` as ``Sizer`` writes it plus ``"measured": "in_filter_process"``.
+    The claim is untrusted: only its chosen value is used, to rewrite the literal here, and it
+    must be a value the search could have chosen (the composed one, or a measured power of two
+    within ``max_value``); the steps are kept as the candidate reported them. ValueError, with
+    the reason, for anything else."""
+    knob = find_knob(task.code, cfg.constant_names)
+    if knob is None:
+        raise ValueError("a sizing claim for a task without a size constant")
+    if not isinstance(claim, dict):
+        raise ValueError("the sizing claim is not an object")
+    steps, value = claim.get("steps"), claim.get("chosen")
+    if not isinstance(steps, list) or not 0 < len(steps) <= cfg.max_steps + 1:
+        raise ValueError(f"the sizing claim has no list of 1 to {cfg.max_steps + 1} steps")
+    values = [_step_value(step) for step in steps]
+    if steps and values[0] != knob.value:
+        raise ValueError("the sizing claim's first step is not the composed size")
+    if type(value) is not int or value not in values:
+        raise ValueError(f"the sizing claim chose {value!r}, which it did not measure")
+    if value != knob.value and not (0 < value <= cfg.max_value and value & (value - 1) == 0):
+        raise ValueError(f"the sizing claim chose {value}, not a power of two within max_value")
+    search = Search(knob.value, target_ms(window), cfg)
+    search.steps, search.device = steps, device
+    record = {**_record(knob, search, search.target, cfg), "chosen": value}
+    record["measured"] = "in_filter_process"
+    base = task if value == knob.value else _variant(task, knob, value)
+    return _with_sizing(task, base, record)
+
+
+def _step_value(step: Any) -> int:
+    if not isinstance(step, dict) or type(step.get("value")) is not int or step["value"] < 1:
+        raise ValueError("a sizing step without a positive integer value")
+    ms = step.get("ms")
+    if ms is not None and (isinstance(ms, bool) or not isinstance(ms, (int, float))):
+        raise ValueError("a sizing step whose ms is not a number")
+    return step["value"]

@@ -9,9 +9,17 @@ import pytest
 
 from opsynth.config import ComposeConfig, FiltersConfig, SizingConfig
 from opsynth.filters.pool import WorkerPool, measure_overrides
+from opsynth.filters.sizing import (
+    Probe,
+    Search,
+    claimed,
+    find_knob,
+    set_knob,
+    size_tasks,
+    target_ms,
+)
 from opsynth.record import Task
 from opsynth.synth.compose import compose
-from opsynth.synth.sizing import Probe, find_knob, set_knob, size_tasks, target_ms
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
 CFG = SizingConfig()
@@ -259,3 +267,138 @@ def test_the_memory_limit_follows_the_largest_measured_batch() -> None:
     record = out.meta["sizing"]
     assert calls[0] == 64 and record["chosen"] == 2048
     assert all(st["device_gib"] <= 4.0 for st in record["steps"])
+
+
+def steps(*pairs: tuple[int, float | None]) -> list[dict]:
+    return [{"value": value, "ms": ms, "reason": ""} for value, ms in pairs]
+
+
+def test_one_search_chooses_as_the_sizer_does() -> None:
+    """``filters.size_inline`` drives one ``Search`` in a candidate's process; the sizer
+    drives many over task variants. Same measurements, same steps and choice."""
+    for per_row in (0.00002, 0.002, 1.0, 40.0):
+        measure, _ = linear_device(per_row_ms=per_row)
+        [out] = size_tasks([task(8)], measure, WINDOW, CFG)
+        search, value = Search(8, target_ms(WINDOW), CFG), 8
+        while value is not None:
+            variant = Task(ops=["t"], data_source="torch#1", code=ELEMENTWISE.format(batch=value))
+            value = search.observe(measure([variant])[variant.id])
+        assert search.steps == out.meta["sizing"]["steps"]
+        assert search.chosen() == out.meta["sizing"]["chosen"]
+
+
+def test_a_claim_is_applied_here_and_recorded_as_the_processs() -> None:
+    original = task(8)
+    claim = {"chosen": 64, "steps": steps((8, 0.9), (64, 9.5)), "seconds": 1.0}
+    out = claimed(original, claim, "cuda:H200", WINDOW, CFG)
+    assert out.code == set_knob(original.code, find_knob(original.code, ["batch_size"]), 64)
+    record = out.meta["sizing"]
+    assert record["chosen"] == 64 and record["from_id"] == original.id
+    assert record["measured"] == "in_filter_process" and record["device"] == "cuda:H200"
+    assert record["steps"] == claim["steps"] and "seconds" not in record
+    kept = claimed(original, {"chosen": 8, "steps": steps((8, 9.0))}, "cpu", WINDOW, CFG)
+    assert kept.id == original.id and "from_id" not in kept.meta["sizing"]
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        None,
+        {},
+        {"chosen": 3, "steps": steps((8, 0.1), (64, 9.0))},  # never measured
+        {"chosen": 48, "steps": steps((8, 0.1), (48, 9.0))},  # not a power of two
+        {"chosen": 64, "steps": steps((16, 0.1), (64, 9.0))},  # did not start as composed
+        {"chosen": 1 << 30, "steps": steps((8, 0.1), (1 << 30, 9.0))},  # over max_value
+        {"chosen": True, "steps": steps((8, 0.1))},
+        {"chosen": 64, "steps": steps(*[(8, 0.1)] + [(64, 9.0)] * 9)},  # more than max_steps
+        {"chosen": 64, "steps": [{"value": 8, "ms": "fast"}, {"value": 64, "ms": 9.0}]},
+        {"chosen": 64, "steps": "8,64"},
+    ],
+)
+def test_a_claim_the_search_could_not_make_is_refused(claim: object) -> None:
+    with pytest.raises(ValueError, match="sizing"):
+        claimed(task(8), claim, "cpu", WINDOW, CFG)
+
+
+POISONING = ELEMENTWISE.replace(
+    "return torch.tanh(x) * 2.0 + x",
+    'if x.shape[0] > 8:\n            raise RuntimeError("CUDA error: an illegal memory access")\n'
+    "        return torch.tanh(x) * 2.0 + x",
+)
+
+
+def inline_settings_for(cfg: SizingConfig) -> dict:
+    from opsynth.filters.sizing import inline_settings
+
+    return {
+        "device": "cpu",
+        "threads": 1,
+        "window_ms": list(WINDOW),
+        "sizing": inline_settings(cfg, WINDOW),
+    }
+
+
+def test_inline_sizing_rewrites_the_candidate_to_its_choice(tmp_path: Path) -> None:
+    from opsynth.filters.checks import probe
+    from opsynth.filters.size_inline import size_here
+
+    path = tmp_path / "candidate.py"
+    path.write_text(ELEMENTWISE.format(batch=1))
+    claim = size_here(str(path), inline_settings_for(CFG), probe)
+    assert claim is not None and claim["steps"][0]["value"] == 1
+    assert claim["chosen"] in [step["value"] for step in claim["steps"]]
+    assert f"batch_size = {claim['chosen']}  # rows" in path.read_text()
+    assert claimed(task(1), claim, "cpu", WINDOW, CFG).code == path.read_text()
+
+
+def test_a_probe_that_poisons_the_context_ends_inline_sizing(tmp_path: Path) -> None:
+    """A CUDA error leaves the process unable to run the stages: the claim says so, with the
+    size measured before it, and the orchestrator filters that size in a fresh process."""
+    from opsynth.filters.checks import probe
+    from opsynth.filters.size_inline import size_here
+
+    path = tmp_path / "candidate.py"
+    path.write_text(POISONING.format(batch=8))
+    claim = size_here(str(path), inline_settings_for(CFG), probe)
+    assert claim is not None and claim["poisoned"] is True
+    assert [step["reason"] for step in claim["steps"]][-1] == "cuda_error"
+    assert claim["chosen"] == 8 and "batch_size = 8  # rows" in path.read_text()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_candidate_is_sized_and_filtered_in_one_process() -> None:
+    """Inline sizing on a real GPU: the elementwise task grows, each step with its memory
+    peak, and the chosen size passes every filter in the same process; a task whose larger
+    size trips a device-side assert claims the size it measured, marked poisoned."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from opsynth.filters.harness import FILTERS
+    from opsynth.filters.sizing import inline_settings
+
+    cfg = FiltersConfig(workers=2, cache_dir=str(CACHE))
+    window = cfg.window_ms("cuda")
+    poisoning = Task(
+        ops=["poison"],
+        data_source="torch#1",
+        code=ELEMENTWISE.format(batch=8).replace(
+            "return torch.tanh(x) * 2.0 + x",
+            "if x.shape[0] > 8:\n            x = x[torch.tensor([1 << 40], device=x.device)]\n"
+            "        return torch.tanh(x) * 2.0 + x",
+        ),
+    )
+    overrides = {"sizing": inline_settings(CFG, window), "task_timeout_s": 300.0}
+    with WorkerPool(cfg, "cuda") as pool:
+        results = pool.wait(pool.submit([task(8), poisoning], None, overrides))
+    rows = results[task(8).id]
+    assert [v.reason for v in rows] == ["ok"] * len(FILTERS.stages), rows[-1].detail
+    claim = rows[0].measures["sizing"]
+    assert claim["chosen"] > 8 and all("device_gib" in step for step in claim["steps"])
+    sized = claimed(task(8), claim, rows[0].device, window, CFG)
+    assert f"batch_size = {claim['chosen']}  # rows" in sized.code
+    assert rows[3].stage == "runtime" and window[0] <= rows[3].measures["scaled_ms"] <= window[1]
+    bad = results[poisoning.id]
+    assert bad[0].reason == "cuda_error", bad[0].detail
+    assert bad[0].measures["sizing"]["poisoned"] is True
+    assert bad[0].measures["sizing"]["chosen"] == 8
