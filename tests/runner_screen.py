@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 from opsynth.config import RunConfig
@@ -40,22 +41,23 @@ def tasks() -> list[Task]:
     ]
 
 
+def wide(name: str, body: str, batch: int = 4, header: str = "") -> Task:
+    """A task with a ``batch_size`` knob over rows of 4096: a grown batch measures clearly
+    slower, beyond timing noise."""
+    return Task(
+        ops=[name],
+        data_source="torch#1",
+        code=task_source(
+            body,
+            header=f"{header}batch_size = {batch}\n",
+            inputs="[torch.randn(batch_size, 4096)]",
+        ),
+    )
+
+
 def sizable() -> list[Task]:
     """Three tasks with a ``batch_size`` knob (two shards of probes) and one without."""
-    header = "batch_size = {}\n"
-    found = [
-        Task(
-            ops=[f"s{n}"],
-            data_source="torch#1",
-            code=task_source(
-                "return torch.relu(x) + 1",
-                header=header.format(n),
-                # wide rows: a grown batch measures clearly slower, beyond timing noise
-                inputs="[torch.randn(batch_size, 4096)]",
-            ),
-        )
-        for n in (4, 8, 16)
-    ]
+    found = [wide(f"s{n}", "return torch.relu(x) + 1", n) for n in (4, 8, 16)]
     return found + [Task(ops=["plain"], data_source="torch#1", code=task_source("return x + 1"))]
 
 
@@ -75,18 +77,7 @@ def forbidden() -> Task:
 def twins() -> list[Task]:
     """One task composed at two batch sizes, which both grow to ``max_value`` (256 in
     ``both_paths``): the same code, which only the first of them may keep."""
-    return [
-        Task(
-            ops=["twin"],
-            data_source="torch#1",
-            code=task_source(
-                "return torch.relu(x) + 1",
-                header=f"batch_size = {n}\n",
-                inputs="[torch.randn(batch_size, 4096)]",
-            ),
-        )
-        for n in (4, 8)
-    ]
+    return [wide("twin", "return torch.relu(x) + 1", n) for n in (4, 8)]
 
 
 def forgers() -> list[Task]:
@@ -98,41 +89,37 @@ def forgers() -> list[Task]:
         "for found in gc.get_objects():\n"
         "    if isinstance(found, dict) and 'chosen' in found and 'steps' in found:\n"
         "        {}\n"
-        "batch_size = 4\n"
     )
+    actions = ("found['chosen'] = 3", "found.clear()")
     return [
-        Task(
-            ops=[f"forger{n}"],
-            data_source="torch#1",
-            code=task_source(
-                f"return torch.relu(x) + {n}",
-                header=forge.format(action),
-                inputs="[torch.randn(batch_size, 4096)]",
-            ),
-        )
-        for n, action in enumerate(("found['chosen'] = 3", "found.clear()"))
+        wide(f"forger{n}", f"return torch.relu(x) + {n}", header=forge.format(action))
+        for n, action in enumerate(actions)
     ]
 
 
 def poisoner() -> Task:
     """A sizable task whose larger sizes raise a CUDA error (as a kernel indexing past 2**31
     elements would), which leaves a real process's context unusable."""
-    return Task(
-        ops=["poisoner"],
-        data_source="torch#1",
-        code=task_source(
-            'if x.shape[0] > 4:\n            raise RuntimeError("CUDA error: illegal memory '
-            'access")\n        return torch.relu(x) + 1',
-            header="batch_size = 4\n",
-            inputs="[torch.randn(batch_size, 4096)]",
-        ),
+    raises = 'raise RuntimeError("CUDA error: illegal memory access")'
+    return wide(
+        "poisoner",
+        f"if x.shape[0] > 4:\n            {raises}\n        return torch.relu(x) + 1",
+    )
+
+
+def hanger() -> Task:
+    """A sizable task whose larger sizes never return: its inline job is killed before it
+    claims a size."""
+    return wide(
+        "hanger", "while x.shape[0] > 4:\n            x = x + 0\n        return torch.relu(x) + 1"
     )
 
 
 def both_paths(out: str, cfg: RunConfig, progress) -> dict:
     """The same chunk through the two-stage, the pipelined and the inline path on one pool:
     per path, the chunk's final tasks (id, sizing steps or None), every task's verdict rows
-    and the jobs the pool ran; then the forgers and the poisoner through the inline path."""
+    and the jobs the pool ran; then the forgers, the poisoner and the hanger through the inline
+    path."""
     from opsynth.flows.regenerate import size_and_filter
     from opsynth.flows.stages import LazyPool, WorkLedger
     from opsynth.store import RunDir
@@ -148,13 +135,18 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
         ("pipelined", True, False, chunk),
         ("inline", True, True, chunk),
         ("forged", True, True, [*forgers(), poisoner()]),
+        ("hung", True, True, [hanger()]),
     )
     try:
         for path, pipelined, inline, tasks_in in paths:
             run_cfg = cfg.with_section("sizing", pipelined=pipelined, inline=inline)
+            if path == "hung":  # killed soon, whether sizing inline or probing
+                run_cfg = run_cfg.with_section("sizing", inline_timeout_s=1.0)
+                run_cfg = run_cfg.with_section("filters", task_timeout_s=10.0)
             run = RunDir.create(Path(out) / path)
             ledger = WorkLedger()
             jobs = pool.pool.stats["candidates"] if pool.pool else 0
+            started = time.perf_counter()
             final, _, verdicts = size_and_filter(
                 run, run_cfg, tasks_in, "cpu", pool, ledger, progress, list(tasks_in), []
             )
@@ -167,6 +159,7 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
                 "details": {t.id: rows[t.id][-1].detail for t in final if rows.get(t.id)},
                 "stages_timed": sorted(ledger.seconds),
                 "jobs": pool.pool.stats["candidates"] - jobs,
+                "seconds": round(time.perf_counter() - started, 1),
             }
     finally:
         pool.close()

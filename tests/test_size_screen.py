@@ -109,3 +109,14 @@ def test_a_candidate_that_poisons_its_context_while_sizing_is_filtered_afresh(pa
     assert sizing["chosen"] == 4 and "from_id" not in sizing  # the size it measured
     *_, last = forged["verdicts"][task_id]
     assert last[2] != "cuda_error", last  # its verdict comes from a fresh process
+
+
+def test_a_candidate_killed_before_it_claims_a_size_is_sized_by_separate_probes(paths) -> None:
+    hung = paths["hung"]
+    [(task_id, sizing)] = hung["final"]
+    assert "measured" not in sizing, sizing  # the probes' record, not a claim
+    assert [s["value"] for s in sizing["steps"]] == [4, 256]
+    assert [s["reason"] for s in sizing["steps"]] == ["", "timeout"], sizing
+    assert sizing["chosen"] == 4
+    # the inline job, the two probes and the filter run of the size it measured
+    assert hung["jobs"] == 4, hung["jobs"]
