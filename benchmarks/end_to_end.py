@@ -34,6 +34,8 @@ def summarise(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
     staged = sum(float(seconds[n]) for n in names)
     counts = manifest.get("counts") or {}
     candidates = int(counts.get("candidates") or 0)
+    # every probe, filter run and retry is one sandboxed process
+    jobs = int((manifest.get("filters_runtime") or {}).get("candidates") or 0)
     return {
         "wall_s": round(wall_s, 1),
         "stages": [
@@ -46,6 +48,8 @@ def summarise(manifest: dict[str, Any], wall_s: float) -> dict[str, Any]:
         "accepted": int(counts.get("accepted") or 0),
         "unscreened": int(manifest.get("unscreened") or 0),
         "candidates_per_min": round(60.0 * candidates / wall_s, 1) if wall_s > 0 else None,
+        "sandbox_processes": jobs,
+        "processes_per_candidate": round(jobs / candidates, 2) if candidates else None,
         "status": manifest.get("status"),
     }
 
@@ -61,7 +65,9 @@ def table(s: dict[str, Any]) -> str:
         f"{s['candidates']} candidates ({s['unscreened']} composed but left unscreened), "
         f"{s['accepted']} accepted, status {s['status']}; filter pool start "
         f"{s['pool_start_s']} s (inside size or filter); "
-        f"**{s['candidates_per_min']} candidates/min** end to end"
+        f"**{s['candidates_per_min']} candidates/min** end to end; "
+        f"{s['sandbox_processes']} sandboxed processes "
+        f"({s['processes_per_candidate']} per candidate)"
     )
     return "\n".join(lines)
 
