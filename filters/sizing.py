@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from opsynth.filters import reasons
+
 if TYPE_CHECKING:  # the sandboxed child imports this module: standard library only at run time
     from opsynth.record import Task, Verdict
 
@@ -400,8 +402,8 @@ def claimed(task: Task, claim: Any, device: str, window: tuple[float, float], cf
     with ``meta["sizing"]`` as ``Sizer`` writes it plus ``"measured": "in_filter_process"``.
     The claim is untrusted: only its chosen value is used, to rewrite the literal here, and it
     must be a value the search could have chosen (the composed one, or a measured power of two
-    within ``max_value``); the steps are kept as the candidate reported them. ValueError, with
-    the reason, for anything else."""
+    within ``max_value``); the steps are kept as the candidate reported them, their known
+    fields only. ValueError, with the reason, for anything else."""
     knob = find_knob(task.code, cfg.constant_names)
     if knob is None:
         raise ValueError("a sizing claim for a task without a size constant")
@@ -410,8 +412,9 @@ def claimed(task: Task, claim: Any, device: str, window: tuple[float, float], cf
     steps, value = claim.get("steps"), claim.get("chosen")
     if not isinstance(steps, list) or not 0 < len(steps) <= cfg.max_steps + 1:
         raise ValueError(f"the sizing claim has no list of 1 to {cfg.max_steps + 1} steps")
-    values = [_step_value(step) for step in steps]
-    if steps and values[0] != knob.value:
+    steps = [_clean_step(step) for step in steps]
+    values = [step["value"] for step in steps]
+    if values[0] != knob.value:
         raise ValueError("the sizing claim's first step is not the composed size")
     if type(value) is not int or value not in values:
         raise ValueError(f"the sizing claim chose {value!r}, which it did not measure")
@@ -425,10 +428,25 @@ def claimed(task: Task, claim: Any, device: str, window: tuple[float, float], cf
     return _with_sizing(task, base, record)
 
 
-def _step_value(step: Any) -> int:
+def _clean_step(step: Any) -> dict[str, Any]:
+    """A claimed step as ``Search`` writes one, rebuilt from checked fields only: nothing
+    else a candidate put in it reaches the published record."""
     if not isinstance(step, dict) or type(step.get("value")) is not int or step["value"] < 1:
         raise ValueError("a sizing step without a positive integer value")
-    ms = step.get("ms")
-    if ms is not None and (isinstance(ms, bool) or not isinstance(ms, (int, float))):
-        raise ValueError("a sizing step whose ms is not a number")
-    return step["value"]
+    clean: dict[str, Any] = {"value": step["value"]}
+    for key in ("ms", "device_gib"):
+        number = step.get(key)
+        if number is not None and not (
+            isinstance(number, (int, float))
+            and not isinstance(number, bool)
+            and math.isfinite(number)
+            and number >= 0
+        ):
+            raise ValueError(f"a sizing step whose {key} is not a finite number")
+        if key == "ms" or number is not None:
+            clean[key] = None if number is None else float(number)
+    reason = step.get("reason", "")
+    if reason != "" and reason not in reasons.ALL:
+        raise ValueError(f"a sizing step with an unknown reason {str(reason)[:40]!r}")
+    clean["reason"] = reason
+    return {k: clean[k] for k in ("value", "ms", "reason", "device_gib") if k in clean}

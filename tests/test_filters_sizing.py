@@ -296,6 +296,10 @@ def test_a_claim_is_applied_here_and_recorded_as_the_processs() -> None:
     assert record["chosen"] == 64 and record["from_id"] == original.id
     assert record["measured"] == "in_filter_process" and record["device"] == "cuda:H200"
     assert record["steps"] == claim["steps"] and "seconds" not in record
+    # only the fields a step has reach the record
+    padded = {**claim, "steps": [{**step, "note": "x" * 1000} for step in claim["steps"]]}
+    again = claimed(original, padded, "cuda:H200", WINDOW, CFG).meta["sizing"]
+    assert again["steps"] == claim["steps"]
     kept = claimed(original, {"chosen": 8, "steps": steps((8, 9.0))}, "cpu", WINDOW, CFG)
     assert kept.id == original.id and "from_id" not in kept.meta["sizing"]
 
@@ -313,6 +317,8 @@ def test_a_claim_is_applied_here_and_recorded_as_the_processs() -> None:
         {"chosen": 64, "steps": steps(*[(8, 0.1)] + [(64, 9.0)] * 9)},  # more than max_steps
         {"chosen": 64, "steps": [{"value": 8, "ms": "fast"}, {"value": 64, "ms": 9.0}]},
         {"chosen": 64, "steps": "8,64"},
+        {"chosen": 8, "steps": [{"value": 8, "ms": float("inf"), "reason": ""}]},
+        {"chosen": 8, "steps": [{"value": 8, "ms": 1.0, "reason": "<script>"}]},
     ],
 )
 def test_a_claim_the_search_could_not_make_is_refused(claim: object) -> None:
