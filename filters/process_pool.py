@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -151,6 +152,16 @@ def stats() -> dict[str, Any]:
     _thread.submit(lambda: None).result()
     pool = _state["pool"]
     return dict(pool.stats) if pool is not None else {}
+
+
+def engine_stats() -> dict[str, Any]:
+    """``stats`` with which engine worker (host and process) and GPUs they are: a shard's
+    result carries them back, so the orchestrator knows every pool of a run."""
+    return {
+        **stats(),
+        "engine": f"{socket.gethostname()}:{os.getpid()}",
+        "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+    }
 
 
 def shutdown() -> None:

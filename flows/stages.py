@@ -150,6 +150,9 @@ class LazyPool:
     def __init__(self, cfg: RunConfig, device: str) -> None:
         self.cfg, self.device, self.pool = cfg, device, None
         self.queued: dict[tuple[str, ...], Ticket] = {}
+        # the task runner's pools (``runner.kind`` not local), by engine worker: their latest
+        # stats, as the shards they ran brought them back
+        self.engines: dict[str, dict[str, Any]] = {}
 
     def queue(self, shards: list[list[Task]], progress: Progress) -> None:
         """Queue these shards' candidates on the pool now: workers then go from one shard to
@@ -178,13 +181,38 @@ class LazyPool:
             self.pool.__enter__()
         return self.pool
 
+    def note_engine(self, stats: dict[str, Any]) -> None:
+        """A remote shard's pool stats (``filters.process_pool.engine_stats``)."""
+        if stats.get("engine"):
+            self.engines[str(stats["engine"])] = stats
+
     def close(self) -> dict[str, Any]:
+        """The run's pool stats: the in-process pool's, else the engine pools' summed
+        (``engines`` holds each one's), so run.json names the device either way."""
         if self.pool is None:
-            return {}
+            return engines_summary(list(self.engines.values()))
         stats = dict(self.pool.stats)
         self.pool.__exit__(None, None, None)
         self.pool = None
         return stats
+
+
+# Engine pool stats that add up across pools; the rest are taken from the first pool.
+SUMMED = ("candidates", "workers", "workers_started", "workers_replaced", "retried_alone")
+
+
+def engines_summary(engines: list[dict[str, Any]]) -> dict[str, Any]:
+    """One stats dict for a run's engine pools: counts summed, descriptions (device name,
+    versions, sandbox) from the first, every pool's own under ``engines``; {} for none."""
+    if not engines:
+        return {}
+    first = engines[0]
+    keys = ("device", "device_name", "torch_version", "cuda_version", "sandbox", "compile_cache")
+    summary: dict[str, Any] = {k: first[k] for k in keys if k in first}
+    for key in SUMMED:
+        summary[key] = sum(int(e.get(key) or 0) for e in engines)
+    summary["engines"] = engines
+    return summary
 
 
 @task(name="filter-shard", cache_policy=NO_CACHE)
@@ -216,12 +244,15 @@ def shard_path(run: RunDir, cfg: RunConfig, shard: list[Task], device: str) -> P
 
 
 @task(name="filter-shard-remote", cache_policy=NO_CACHE)
-def remote_filter_shard(filters: FiltersConfig, device: str, shard: list[Task]) -> list[Verdict]:
-    """One shard on a task-runner worker (Dask), on that process's warm pool."""
+def remote_filter_shard(
+    filters: FiltersConfig, device: str, shard: list[Task]
+) -> tuple[list[Verdict], dict[str, Any]]:
+    """One shard on a task-runner worker (Dask), on that process's warm pool; its verdicts and
+    the pool's stats."""
     from opsynth.filters import process_pool
 
     results = process_pool.evaluate(filters, device, shard)
-    return [v for t in shard for v in results[t.id]]
+    return [v for t in shard for v in results[t.id]], process_pool.engine_stats()
 
 
 def scatter_shards(
@@ -229,6 +260,7 @@ def scatter_shards(
     cfg: RunConfig,
     shards: list[list[Task]],
     device: str,
+    pool: LazyPool,
     ledger: WorkLedger,
     progress: Progress,
 ) -> list[Verdict]:
@@ -249,7 +281,8 @@ def scatter_shards(
         pending[future.task_run_id] = (i, future)
     for future in as_completed([f for _, f in pending.values()]):
         i, _ = pending[future.task_run_id]
-        done[i] = future.result()
+        done[i], engine = future.result()
+        pool.note_engine(engine)
         write_verdicts(done[i], shard_path(run, cfg, shards[i], device))
         ledger.note("filter-shard", False)
         progress("filter", 0, len(shards[i]))
@@ -290,7 +323,7 @@ def size_stage(
     def measure(batch: list[Task]) -> dict[str, Any]:
         nonlocal done
         if cfg.runner.kind != "local":
-            rows = scatter_probes(cfg, batch, device)
+            rows = scatter_probes(cfg, batch, device, pool)
         else:
             rows = pool.get().measure(batch, probe_overrides(cfg))
         done += len(batch)
@@ -307,15 +340,18 @@ def size_stage(
 @task(name="size-probes-remote", cache_policy=NO_CACHE)
 def remote_probe_shard(
     filters: FiltersConfig, device: str, shard: list[Task], overrides: dict[str, Any]
-) -> list[Verdict]:
-    """One shard of a sizing round's probes on a task-runner worker, on its warm pool."""
+) -> tuple[list[Verdict], dict[str, Any]]:
+    """One shard of a sizing round's probes on a task-runner worker, on its warm pool; its
+    rows and the pool's stats."""
     from opsynth.filters import process_pool
 
     results = process_pool.measure(filters, device, shard, overrides)
-    return [v for t in shard for v in results[t.id]]
+    return [v for t in shard for v in results[t.id]], process_pool.engine_stats()
 
 
-def scatter_probes(cfg: RunConfig, batch: list[Task], device: str) -> dict[str, list[Verdict]]:
+def scatter_probes(
+    cfg: RunConfig, batch: list[Task], device: str, pool: LazyPool
+) -> dict[str, list[Verdict]]:
     """A sizing round's probes in shards, all submitted to the flow's task runner at once: on
     a cluster the GPUs that filter size as well, so the orchestrator needs no GPU, and rounds
     of thousands of probes spread over every GPU (sizing a candidate takes two or three
@@ -324,7 +360,12 @@ def scatter_probes(cfg: RunConfig, batch: list[Task], device: str) -> dict[str, 
     shards = [batch[start : start + size] for start in range(0, len(batch), size)]
     overrides = probe_overrides(cfg)
     futures = [remote_probe_shard.submit(cfg.filters, device, shard, overrides) for shard in shards]
-    found = group_by_task([v for future in futures for v in future.result()])
+    rows: list[Verdict] = []
+    for future in futures:
+        shard_rows, engine = future.result()
+        rows += shard_rows
+        pool.note_engine(engine)
+    found = group_by_task(rows)
     return {t.id: found.get(t.id, []) for t in batch}
 
 
@@ -346,7 +387,7 @@ def screen(
     size = cfg.filters.shard_size
     shards = [survivors[start : start + size] for start in range(0, len(survivors), size)]
     if cfg.runner.kind != "local":
-        return verdicts + scatter_shards(run, cfg, shards, device, ledger, progress)
+        return verdicts + scatter_shards(run, cfg, shards, device, pool, ledger, progress)
     pool.queue([s for s in shards if not shard_path(run, cfg, s, device).exists()], progress)
     for shard in shards:
         verdicts = verdicts + filter_shard_stage(run, cfg, shard, device, pool, ledger, progress)

@@ -220,7 +220,7 @@ def main(out: str, kind: str, what: str = "screen") -> None:
                 result["reused"] = ledger.reused
                 result["progress"] = len(reports)
         finally:
-            pool.close()
+            result["pool_stats"] = pool.close()
         return result
 
     engine = task_runner(cfg.runner, "cpu", cfg.filters)

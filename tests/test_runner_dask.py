@@ -78,6 +78,7 @@ def test_sizing_probes_run_on_the_cluster(runs: tuple[Path, dict, dict]) -> None
     for run in (local, dask):
         *sizable, plain = run["steps"]
         assert plain == []  # no batch_size constant: nothing to probe
+        assert run["pool_stats"]["device_name"]  # what run.json records, either way
         assert [steps[0]["value"] for steps in sizable] == [4, 8, 16]
         assert all(step["ms"] and step["ms"] > 0 for steps in sizable for step in steps)
 
@@ -225,3 +226,16 @@ def test_shards_from_two_threads_overlap_on_one_pool() -> None:
         assert process_pool.stats()["workers_started"] == 2  # one pool throughout
     finally:
         process_pool.shutdown()
+
+
+@pytest.mark.slow
+def test_the_engine_pools_stats_come_back_with_their_shards(runs) -> None:
+    """run.json's pool stats under Dask: every engine pool that ran a shard, under its own
+    name, and their sums, which count every probe and every filtered candidate."""
+    _, local, dask = runs
+    summary = dask["pool_stats"]
+    engines = summary["engines"]
+    assert 1 <= len(engines) <= 2 and len({e["engine"] for e in engines}) == len(engines)
+    assert summary["candidates"] == sum(e["candidates"] for e in engines)
+    assert summary["candidates"] == local["pool_stats"]["candidates"]  # the same jobs
+    assert summary["sandbox"] == local["pool_stats"]["sandbox"]
