@@ -35,7 +35,7 @@ from opsynth.filters.harness import CODE_FILE, stages_of
 from opsynth.filters.reasons import STAGES, VERIFY
 from opsynth.filters.serve import Runner, flush_l2
 from opsynth.filters.size_inline import size_here
-from opsynth.filters.sizing import Probe
+from opsynth.filters.sizing import Probe, measured
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -153,8 +153,7 @@ def probe(path: str, settings: dict[str, Any]) -> tuple[Probe, float | None]:
     init_s = None
     try:
         init_s = stage_eager(cand)["device_init_s"]
-        measures = stage_runtime(cand)
-        found = Probe(float(measures["scaled_ms"]), device_gib=measures.get("device_peak_gib"))
+        found = measured(stage_runtime(cand))
     except Fail as fail:
         found = Probe(None, reason=fail.reason)
     except BaseException as exc:  # the candidate may raise anything, SystemExit included

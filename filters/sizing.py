@@ -63,13 +63,18 @@ def probe_of(rows: list[Verdict]) -> Probe:
     scaled ms, else why there is none."""
     last = rows[-1] if rows else None
     if last is not None and last.stage == "runtime" and last.passed:
-        peak = last.measures.get("device_peak_gib")
-        return Probe(
-            float(last.measures["scaled_ms"]),
-            device=last.device,
-            device_gib=float(peak) if peak is not None else None,
-        )
+        return measured(last.measures, last.device)
     return Probe(None, device=last.device if last else "", reason=last.reason if last else "")
+
+
+def measured(measures: Mapping[str, Any], device: str = "") -> Probe:
+    """The measurement in a passed ``runtime`` stage's measures: scaled ms, memory peak."""
+    peak = measures.get("device_peak_gib")
+    return Probe(
+        float(measures["scaled_ms"]),
+        device=device,
+        device_gib=float(peak) if peak is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -369,14 +374,16 @@ def _variant(task: Task, knob: Knob | None, value: int) -> Task:
     return dataclasses.replace(task, code=set_knob(task.code, knob, value), id="")
 
 
-def _record(knob: Knob | None, search: Search | None, target: float, cfg: Rule) -> dict[str, Any]:
+def _record(
+    knob: Knob | None, steps: list[dict[str, Any]], device: str, target: float, cfg: Rule
+) -> dict[str, Any]:
     return {
-        "device": search.device if search else "",
+        "device": device,
         "target_ms": round(target, 4),
         "band": cfg.band,
         "max_device_gib": cfg.max_device_gib,
         "constant": knob.name if knob else None,
-        "steps": search.steps if search else [],
+        "steps": steps,
     }
 
 
@@ -390,7 +397,8 @@ def _chosen(s: _Sizing, target: float, cfg: Rule) -> Task:
     value = s.search.chosen() if s.search else None
     if value is None and s.knob is not None:
         value = s.knob.value
-    record = {**_record(s.knob, s.search, target, cfg), "chosen": value}
+    steps, device = (s.search.steps, s.search.device) if s.search else ([], "")
+    record = {**_record(s.knob, steps, device, target, cfg), "chosen": value}
     if s.note:
         record["note"] = s.note
     base = s.variants.get(value, s.task) if value is not None else s.task
@@ -420,9 +428,7 @@ def claimed(task: Task, claim: Any, device: str, window: tuple[float, float], cf
         raise ValueError(f"the sizing claim chose {value!r}, which it did not measure")
     if value != knob.value and not (0 < value <= cfg.max_value and value & (value - 1) == 0):
         raise ValueError(f"the sizing claim chose {value}, not a power of two within max_value")
-    search = Search(knob.value, target_ms(window), cfg)
-    search.steps, search.device = steps, device
-    record = {**_record(knob, search, search.target, cfg), "chosen": value}
+    record = {**_record(knob, steps, device, target_ms(window), cfg), "chosen": value}
     record["measured"] = "in_filter_process"
     base = task if value == knob.value else _variant(task, knob, value)
     return _with_sizing(task, base, record)
