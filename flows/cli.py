@@ -31,7 +31,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Regenerate and extend CUDA-Agent-Ops-6K.",
 )
-
+# `opsynth run --time-limit` stopped at a chunk boundary: not an error, not finished either.
+EXIT_STOPPED = 3
 
 RunnerOption = Annotated[
     str | None,
@@ -62,9 +63,21 @@ def run(
     runner: RunnerOption = None,
     runner_address: RunnerAddressOption = None,
     unsafe: UnsafeOption = False,
+    time_limit: Annotated[
+        float | None,
+        typer.Option(
+            "--time-limit",
+            help="seconds this invocation may take: no chunk starts that would end later "
+            "(estimated from its longest chunk so far); the run stops with what it has and a "
+            "re-run resumes",
+        ),
+    ] = None,
 ) -> None:
     """Regenerate a task set into OUT; re-running resumes and recomputes nothing finished."""
+    stop_at = None if time_limit is None else time.time() + time_limit
     try:
+        if time_limit is not None and time_limit <= 0:
+            raise UserError(f"--time-limit must be positive, got {time_limit:g}")
         cfg = with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
         if target is not None:
             if target < 1:
@@ -72,7 +85,7 @@ def run(
             cfg = cfg.with_overrides(target=target)
         resolved = resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
         run_dir = RunDir.create(out)
-        manifest = _run_flow(run_dir, cfg, resolved)
+        manifest = _run_flow(run_dir, cfg, resolved, stop_at)
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         fail(str(exc))
         return
@@ -84,6 +97,12 @@ def run(
     )
     if manifest.get("publish", {}).get("error"):
         console.print(f"[yellow]warning:[/] not published: {manifest['publish']['error']}")
+    if manifest["status"] == "stopped":
+        console.print(
+            f"[yellow]stopped[/] at the time limit ({time_limit:g} s) with {counts['accepted']} "
+            f"of {cfg.target} accepted; re-run to resume"
+        )
+        raise typer.Exit(EXIT_STOPPED)
     if manifest["status"] != "complete":
         console.print(
             f"[yellow]warning:[/] only {counts['accepted']} of {cfg.target} accepted after "
@@ -152,7 +171,7 @@ def _starting(what: str, run_dir: RunDir, device: str) -> None:
     )
 
 
-def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str) -> dict:
+def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str, stop_at: float | None) -> dict:
     _starting("opsynth run", run_dir, device)
     start_prefect(run_dir)
     from opsynth.flows.regenerate import regenerate
@@ -161,7 +180,7 @@ def _run_flow(run_dir: RunDir, cfg: RunConfig, device: str) -> dict:
     engine = task_runner(cfg.runner, device, cfg.filters)
     flow = regenerate.with_options(task_runner=engine) if engine is not None else regenerate
     with _progress_bar() as bar:
-        return flow(str(run_dir.root), cfg, device, LocalOnly(_progress_callback(bar)))
+        return flow(str(run_dir.root), cfg, device, LocalOnly(_progress_callback(bar)), stop_at)
 
 
 @app.command()
@@ -283,7 +302,7 @@ def status(out: Annotated[Path, typer.Argument(help="a run directory")]) -> None
     try:
         run_dir = RunDir.open_existing(out)
         manifest = run_dir.read_manifest()
-        if "funnel" in manifest and manifest.get("status") in ("complete", "short"):
+        if "funnel" in manifest and manifest.get("status") in ("complete", "short", "stopped"):
             rows = manifest["funnel"]
         else:
             verdicts = []

@@ -9,14 +9,16 @@ Prefect tasks are coarse (a stage, or a shard of candidates), never one per cand
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
 from opsynth.config import RunConfig
+from opsynth.deadline import ChunkClock
 from opsynth.flows.size_screen import STAGE as SIZE_FILTER
-from opsynth.flows.size_screen import size_and_screen
+from opsynth.flows.size_screen import finished, size_and_screen
 from opsynth.flows.stages import (
     LazyPool,
     Progress,
@@ -42,13 +44,16 @@ def regenerate(
     cfg: RunConfig,
     device: str,
     progress: Progress | None = None,
+    stop_at: float | None = None,
 ) -> dict[str, Any]:
     """Produce ``cfg.target`` accepted tasks in ``out``; resumable at any point.
 
     A round's candidates are sized and filtered ``cfg.chunk_size`` at a time, each chunk's
     work written when it is done, so a run stopped anywhere resumes from its last finished
     chunk rather than from the start of the round's sizing, and a round stops composing work
-    for the filters once the target is met (the rest of its candidates are left unscreened)."""
+    for the filters once the target is met (the rest of its candidates are left unscreened).
+    With ``stop_at`` (seconds since the epoch) no chunk starts that would not end by then
+    (``opsynth.deadline``): the run writes what it has with status ``stopped``."""
     from opsynth.ast_dedup.dedup import dedup
 
     run = RunDir.create(Path(out))
@@ -81,10 +86,11 @@ def regenerate(
     pool_stats: dict[str, Any] = {}
     screened: set[str] = set()  # candidates that went through the filters (by final id)
     unscreened: set[str] = set()
+    clock = ChunkClock(stop_at)
     try:
         for round_index in range(cfg.max_rounds):
             need = cfg.target - len(accepted)
-            if need <= 0:
+            if need <= 0 or clock.stopped:
                 break
             wanted = math.ceil(need * cfg.compose.oversample)
             produced = [t.ops for t in candidates]
@@ -98,13 +104,22 @@ def regenerate(
             verdicts += [v for v in drawn.verdicts if v.task_id in fresh]
             composed = [t for t in drawn.kept() if t.id in fresh]
             for start in range(0, len(composed), cfg.chunk_size):
-                if len(accepted) >= cfg.target:
+                chunk = composed[start : start + cfg.chunk_size]
+                # a chunk already on disk is only read: the time limit never skips it
+                on_disk = pipelined(cfg) and finished(
+                    run, cfg, chunk, device, {t.id for t in candidates}
+                )
+                if len(accepted) >= cfg.target or not (on_disk or clock.allows_next(time.time())):
                     unscreened |= {t.id for t in composed[start:]}
                     break
-                chunk = composed[start : start + cfg.chunk_size]
+                began, computed = time.time(), sum(ledger.computed.values())
+                pool_start = pool.start_seconds()
                 chunk, candidates, verdicts = size_and_filter(
                     run, cfg, chunk, device, pool, ledger, progress, candidates, verdicts
                 )
+                # the pool's start, paid once, says nothing about the next chunk
+                spent = time.time() - began - (pool.start_seconds() - pool_start)
+                clock.record(spent, computed=sum(ledger.computed.values()) > computed)
                 screened |= {t.id for t in chunk}
                 by_task = group_by_task(verdicts)
                 # the round's later chunks hold only their compose verdict so far
@@ -126,6 +141,8 @@ def regenerate(
             run, cfg, seeds, candidates, verdicts + dedup_verdicts, accepted, cfg.target
         )
     manifest.update(exported)
+    if clock.stopped and exported["status"] != "complete":
+        manifest["status"] = "stopped"
     manifest.update(
         {
             "work": {"reused": ledger.reused, "computed": ledger.computed},
@@ -137,11 +154,29 @@ def regenerate(
             "compose": composed_summary,
         }
     )
+    manifest["invocations"] = [*manifest.get("invocations", []), invocation(manifest, clock)]
     run.write_manifest(manifest)
     if cfg.publish.repo_id and manifest["status"] == "complete":
         manifest["publish"] = publish_stage(run, cfg)
         run.write_manifest(manifest)
     return manifest
+
+
+def invocation(manifest: dict[str, Any], clock: ChunkClock) -> dict[str, Any]:
+    """This invocation's line of run.json's ``invocations``: a run resumed over several
+    invocations (hosts, batch jobs) keeps each one's wall time, work and versions."""
+    keys = ("started_at", "finished_at", "status", "device", "versions", "work", "stage_seconds")
+    line = {k: manifest.get(k) for k in keys}
+    line["counts"] = dict(manifest.get("counts", {}))
+    line["chunks_computed_s"] = [round(s, 3) for s in clock.computed_s]
+    if clock.stop_at is not None:
+        line["stop_at"] = clock.stop_at
+    return line
+
+
+def pipelined(cfg: RunConfig) -> bool:
+    """Whether chunks are sized and filtered as one pipeline (``flows.size_screen``)."""
+    return cfg.sizing.enabled and cfg.sizing.pipelined and cfg.runner.kind == "local"
 
 
 def size_and_filter(
@@ -159,7 +194,7 @@ def size_and_filter(
     (``flows.size_screen``), else sized in lockstep rounds on whichever runner and then
     filtered. The chunk as it ends, and the run's candidates and verdicts with the chunk's
     sized tasks in their originals' places and its new verdicts added."""
-    if cfg.sizing.enabled and cfg.sizing.pipelined and cfg.runner.kind == "local":
+    if pipelined(cfg):
         taken = {t.id for t in candidates}
         with ledger.timed(SIZE_FILTER):
             sized, rows = size_and_screen(run, cfg, chunk, device, pool, ledger, progress, taken)

@@ -21,6 +21,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsynth.config import RunConfig
@@ -81,12 +82,7 @@ def size_and_screen(
     order, and every prefilter and sandbox verdict for them. ``taken``: ids of the run's
     other candidates, which a sized variant may not take. One work file pair per chunk: a
     resumed run reuses a finished chunk whole."""
-    parts = (cfg.sizing, cfg.filters, cfg.decontam)
-    key = digest(
-        *[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks], sorted(taken)
-    )
-    tasks_path = run.work_path(STAGE, key)
-    verdicts_path = run.work_path(f"{STAGE}-verdicts", key)
+    tasks_path, verdicts_path = _work_paths(run, cfg, tasks, device, taken)
     if tasks_path.exists() and verdicts_path.exists():
         ledger.note(STAGE, True)
         progress(STAGE, len(tasks), len(tasks))
@@ -105,6 +101,22 @@ def size_and_screen(
     write_verdicts(verdicts, verdicts_path)  # last: its presence marks the chunk done
     ledger.note(STAGE, False)
     return chunk.final, verdicts
+
+
+def finished(run: RunDir, cfg: RunConfig, tasks: list[Task], device: str, taken: set[str]) -> bool:
+    """Whether this chunk's work is on disk, so ``size_and_screen`` would only read it."""
+    return all(p.exists() for p in _work_paths(run, cfg, tasks, device, taken))
+
+
+def _work_paths(
+    run: RunDir, cfg: RunConfig, tasks: list[Task], device: str, taken: set[str]
+) -> tuple[Path, Path]:
+    """The chunk's final tasks and its verdicts (written last: the chunk is done)."""
+    parts = (cfg.sizing, cfg.filters, cfg.decontam)
+    key = digest(
+        *[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks], sorted(taken)
+    )
+    return run.work_path(STAGE, key), run.work_path(f"{STAGE}-verdicts", key)
 
 
 def _executed(chunk: _Chunk, index: int, task: Task) -> list[Verdict]:

@@ -181,6 +181,10 @@ class LazyPool:
             self.pool.__enter__()
         return self.pool
 
+    def start_seconds(self) -> float:
+        """How long the in-process pool took to start; 0 while none has started."""
+        return float(self.pool.stats.get("start_s") or 0.0) if self.pool is not None else 0.0
+
     def note_engine(self, stats: dict[str, Any]) -> None:
         """A remote shard's pool stats (``filters.process_pool.engine_stats``)."""
         if stats.get("engine"):

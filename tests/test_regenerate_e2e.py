@@ -184,8 +184,8 @@ def test_sigkill_twice_then_resume_gives_identical_dataset(
     tmp_path, tiny_config, reference_run, prefect_api
 ):
     """Killed early (seconds in), then killed again in the resumed run as soon as it has
-    written a sized and filtered chunk: the third run finishes with the reference run's
-    dataset, reusing the chunks written before."""
+    written a sized and filtered chunk, then stopped by a time limit: the last run finishes
+    with the reference run's dataset, reusing the chunks written before."""
     out = tmp_path / "run"
     start = time.monotonic()
     _kill_when(out, tiny_config, lambda: time.monotonic() - start > 8, prefect_api)
@@ -197,10 +197,24 @@ def test_sigkill_twice_then_resume_gives_identical_dataset(
     written = shards()
     _kill_when(out, tiny_config, lambda: shards() > written, prefect_api)
     assert not (out / "accepted.parquet").exists()
-    proc = opsynth(
-        "run", "--out", str(out), "--config", str(tiny_config), cwd=tmp_path, env=prefect_api
-    )
+    args = ("run", "--out", str(out), "--config", str(tiny_config))
+
+    # A time limit already spent when the chunks come: the run writes what it has and stops
+    # at a chunk boundary (exit 3), starting at most the chunk it had no estimate for.
+    proc = opsynth(*args, "--time-limit", "1", cwd=tmp_path, env=prefect_api)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    said = proc.stdout + proc.stderr
+    assert "stopped at the time limit" in said and "re-run to resume" in said, said[-2000:]
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["status"] == "stopped"
+    assert manifest["counts"]["accepted"] < 3 and manifest["unscreened"] > 0
+    [stopped] = manifest["invocations"]
+    assert stopped["status"] == "stopped" and len(stopped["chunks_computed_s"]) <= 1
+    assert (out / "accepted.parquet").is_file()
+
+    proc = opsynth(*args, cwd=tmp_path, env=prefect_api)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert accepted_rows(out) == accepted_rows(reference_run)
     manifest = json.loads((out / "run.json").read_text())
     assert manifest["work"]["reused"].get("size_filter", 0) >= 1
+    assert [i["status"] for i in manifest["invocations"]] == ["stopped", "complete"]

@@ -1,0 +1,38 @@
+"""When a time-limited invocation (``opsynth run --time-limit``) stops starting chunks.
+
+A GPU host is often lent for a fixed time (a batch job's wall-clock limit, a lease). A chunk
+killed by the host's limit loses all of its work, so the run stops at a chunk boundary
+instead: it starts the next chunk only if the longest chunk this invocation has computed would
+still end before the limit, writes what it has, and a later invocation on any host resumes
+from the chunks on disk. Plain functions and a dataclass: no clock of its own, testable alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ChunkClock:
+    """``stop_at``: the wall-clock time (seconds since the epoch) by which the invocation
+    should be done; None for no limit. ``computed_s``: how long each chunk computed in this
+    invocation took (chunks reused from disk take no time and say nothing about the next)."""
+
+    stop_at: float | None = None
+    computed_s: list[float] = field(default_factory=list)
+    stopped: bool = False
+
+    def allows_next(self, now: float) -> bool:
+        """Whether a chunk started at ``now`` is expected to end by ``stop_at``. Before the
+        first computed chunk there is no estimate: it starts while there is time left at all.
+        Once it says no, it stays stopped."""
+        if self.stop_at is None:
+            return True
+        expected = max(self.computed_s, default=0.0)
+        if self.stopped or now + expected >= self.stop_at:
+            self.stopped = True
+        return not self.stopped
+
+    def record(self, seconds: float, *, computed: bool) -> None:
+        if computed:
+            self.computed_s.append(seconds)

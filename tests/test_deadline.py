@@ -1,0 +1,41 @@
+"""The time limit's rule: a chunk starts only if the longest computed one would still fit."""
+
+from __future__ import annotations
+
+from opsynth.deadline import ChunkClock
+
+
+def test_no_limit_always_allows() -> None:
+    clock = ChunkClock()
+    clock.record(1e6, computed=True)
+    assert clock.allows_next(1e12) and not clock.stopped
+
+
+def test_first_chunk_starts_while_time_is_left() -> None:
+    clock = ChunkClock(stop_at=100.0)
+    assert clock.allows_next(99.0)
+    assert not ChunkClock(stop_at=100.0).allows_next(100.0)
+
+
+def test_longest_computed_chunk_is_the_estimate() -> None:
+    clock = ChunkClock(stop_at=100.0)
+    clock.record(30.0, computed=True)
+    clock.record(10.0, computed=True)
+    assert clock.allows_next(69.0)
+    assert not clock.allows_next(71.0)  # 71 + 30 would end past the limit
+    assert clock.stopped
+
+
+def test_reused_chunks_say_nothing_about_the_next() -> None:
+    clock = ChunkClock(stop_at=100.0)
+    clock.record(95.0, computed=False)  # read from disk, however slow the disk was
+    assert clock.computed_s == [] and clock.allows_next(50.0)
+
+
+def test_once_stopped_stays_stopped() -> None:
+    """A later, faster estimate never restarts a run that has begun writing its results."""
+    clock = ChunkClock(stop_at=100.0)
+    clock.record(50.0, computed=True)
+    assert not clock.allows_next(60.0)
+    clock.computed_s.clear()
+    assert not clock.allows_next(0.0)
