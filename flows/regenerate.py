@@ -32,9 +32,11 @@ from opsynth.flows.stages import (
     size_stage,
     versions,
 )
+from opsynth.quota import apportion, by_source, filled, in_quota_order, round_plan, shortfall
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.store import RunDir
 from opsynth.synth.composers import summary as compose_summary
+from opsynth.synth.sampling import TRANSFORMERS, effective_mix, split_seeds
 from opsynth.verdicts import adopt_sized, group_by_task, passed_all
 
 
@@ -87,16 +89,34 @@ def regenerate(
     screened: set[str] = set()  # candidates that went through the filters (by final id)
     unscreened: set[str] = set()
     clock = ChunkClock(stop_at)
+    quota = apportion(cfg.target, source_mix(cfg, seeds))
     try:
         for round_index in range(cfg.max_rounds):
-            need = cfg.target - len(accepted)
+            need = cfg.target - filled(accepted, quota)
             if need <= 0 or clock.stopped:
                 break
-            wanted = math.ceil(need * cfg.compose.oversample)
+            mix = None  # the first round draws the configured mix
+            if round_index > 0:  # later ones the sources still short of their quota
+                done = [t for t in candidates if t.id in screened]
+                plan = round_plan(
+                    shortfall(accepted, quota),
+                    done,
+                    accepted,
+                    cfg.compose.oversample,
+                    unused_standalone(seeds, candidates),
+                )
+                if not plan:
+                    break
+                mix = {source: float(n) for source, n in plan.items()}
+            wanted = (
+                math.ceil(need * cfg.compose.oversample) if mix is None else int(sum(mix.values()))
+            )
             produced = [t.ops for t in candidates]
             progress(f"compose round {round_index}", 0, wanted)
             with ledger.timed("compose"):
-                drawn = compose_stage(run, cfg, seeds, round_index, wanted, ledger, produced)
+                drawn = compose_stage(
+                    run, cfg, seeds, round_index, wanted, ledger, produced, mix=mix
+                )
             progress(f"compose round {round_index}", wanted, wanted)
             fresh = {t.id for t in drawn.tasks} - seen
             seen |= fresh
@@ -109,7 +129,8 @@ def regenerate(
                 on_disk = pipelined(cfg) and finished(
                     run, cfg, chunk, device, {t.id for t in candidates}
                 )
-                if len(accepted) >= cfg.target or not (on_disk or clock.allows_next(time.time())):
+                met = filled(accepted, quota) >= cfg.target
+                if met or not (on_disk or clock.allows_next(time.time())):
                     unscreened |= {t.id for t in composed[start:]}
                     break
                 began, computed = time.time(), sum(ledger.computed.values())
@@ -137,10 +158,16 @@ def regenerate(
     verdicts = [v for v in verdicts if v.task_id not in unscreened]
 
     with ledger.timed("export"):
+        ordered = in_quota_order(accepted, quota)
         exported = export(
-            run, cfg, seeds, candidates, verdicts + dedup_verdicts, accepted, cfg.target
+            run, cfg, seeds, candidates, verdicts + dedup_verdicts, ordered, cfg.target
         )
     manifest.update(exported)
+    manifest["quota"] = {
+        "wanted": quota,
+        "accepted": dict(by_source(accepted)),
+        "exported": dict(by_source(ordered[: cfg.target])),
+    }
     if clock.stopped and exported["status"] != "complete":
         manifest["status"] = "stopped"
     manifest.update(
@@ -160,6 +187,19 @@ def regenerate(
         manifest["publish"] = publish_stage(run, cfg)
         run.write_manifest(manifest)
     return manifest
+
+
+def source_mix(cfg: RunConfig, seeds: list[Task]) -> dict[str, float]:
+    """The configured mix over the sources these seeds can supply (``synth.sampling``)."""
+    chainable, standalone = split_seeds(seeds)
+    return effective_mix(cfg.compose.mix, chains=bool(chainable), standalone=bool(standalone))
+
+
+def unused_standalone(seeds: list[Task], candidates: list[Task]) -> dict[str, int]:
+    """Transformers seeds no candidate has used yet: each is composed at most once."""
+    produced = {tuple(t.ops) for t in candidates}
+    _, standalone = split_seeds(seeds)
+    return {TRANSFORMERS: sum(tuple(s.ops) not in produced for s in standalone)}
 
 
 def invocation(manifest: dict[str, Any], clock: ChunkClock) -> dict[str, Any]:

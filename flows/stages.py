@@ -86,15 +86,18 @@ def compose_stage(
     n: int,
     ledger: WorkLedger,
     produced: list[list[str]] | None = None,
+    mix: dict[str, float] | None = None,
 ):
     """Candidates and their compose verdicts from ``cfg.compose.composer``, avoiding the op
-    sequences ``produced`` in earlier rounds. A result with unanswered requests is not stored,
-    so a re-run asks again; the LLM reply cache (``compose.llm.cache_dir`` or
-    ``<run>/llm-cache``) makes the answered ones free."""
+    sequences ``produced`` in earlier rounds, drawing sources from ``mix`` when given (a later
+    round's sources still short of their quota) instead of ``compose.mix``. A result with
+    unanswered requests is not stored, so a re-run asks again; the LLM reply cache
+    (``compose.llm.cache_dir`` or ``<run>/llm-cache``) makes the answered ones free."""
     from opsynth.synth.composers import ComposeResult, run_composer
 
     produced = sorted(list(ops) for ops in produced or [])
-    parts = (cfg.compose.model_dump(mode="json"), [s.id for s in seeds], round_index, n, produced)
+    compose = cfg.compose if mix is None else cfg.compose.model_copy(update={"mix": mix})
+    parts = (compose.model_dump(mode="json"), [s.id for s in seeds], round_index, n, produced)
     key = digest(*parts)
     path = run.work_path(f"compose-r{round_index}", key)
     verdicts_path = run.work_path(f"compose-verdicts-r{round_index}", key)
@@ -103,7 +106,7 @@ def compose_stage(
         return ComposeResult(read_tasks(path), read_verdicts(verdicts_path))
     result = run_composer(
         seeds,
-        cfg.compose,
+        compose,
         n,
         round_index=round_index,
         config_hash=cfg.config_hash(),

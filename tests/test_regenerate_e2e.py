@@ -109,6 +109,14 @@ def test_run_writes_every_stage_file(reference_run):
     assert seconds["dedup"] >= 0 and seconds["export"] >= 0
     assert seconds["pool_start"] > 0
     assert manifest["counts"]["accepted"] == 3
+    # the target split over the mix (a tie to the first source); the export fills each
+    # source's share first, what one lacks from the others' extra rows (opsynth.quota)
+    quota = manifest["quota"]
+    assert quota["wanted"] == {"torch#1": 2, "torch#2": 1}
+    assert sum(quota["exported"].values()) == 3
+    for source, wanted in quota["wanted"].items():
+        got = quota["accepted"].get(source, 0)
+        assert quota["exported"].get(source, 0) >= min(wanted, got), quota
     stages = [row["stage"] for row in manifest["funnel"]]
     for stage in ("static", "decontam", "eager", "randomness", "degenerate", "runtime", "compile"):
         assert stage in stages
