@@ -55,7 +55,8 @@ def regenerate(
     chunk rather than from the start of the round's sizing, and a round stops composing work
     for the filters once the target is met (the rest of its candidates are left unscreened).
     With ``stop_at`` (seconds since the epoch) no chunk starts that would not end by then
-    (``opsynth.deadline``): the run writes what it has with status ``stopped``."""
+    (``opsynth.deadline``): the run writes what it has with status ``stopped``. A run killed
+    mid-chunk keeps the chunk's settled jobs in its journal (``flows.size_screen.Journal``)."""
     from opsynth.ast_dedup.dedup import dedup
 
     run = RunDir.create(Path(out))

@@ -18,6 +18,8 @@ here. Import this module only after ``flows.prefect_env``.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +44,10 @@ if TYPE_CHECKING:
     from opsynth.filters.pool import Ticket, WorkerPool
 
 STAGE = "size_filter"
+# A chunk's journal of settled jobs sits beside its work file: size_filter-<key>.journal.jsonl
+JOURNAL_SUFFIX = ".journal.jsonl"
+# run.json's work ledger counts jobs replayed from a journal under this name
+JOBS = "size_filter_jobs"
 # Initial probes queued ahead of the workers, per worker: enough that none idles, few enough
 # that a candidate's next probe or its filter run (queued behind them) starts soon, so the
 # chunk ends with few long chains still running.
@@ -54,6 +60,8 @@ class _Pending:
 
     ticket: Ticket
     handle: Callable[[dict[str, list[Verdict]]], None]
+    key: str = ""  # the job's journal key
+    replayed: bool = False  # answered from the journal: nothing ran
     settled: bool = False
 
 
@@ -92,15 +100,62 @@ def size_and_screen(
     survivors = [i for i, t in enumerate(tasks) if passed_all(t.id, early)]
     chunk.done = len(tasks) - len(survivors)
     progress(STAGE, chunk.done, len(tasks))
+    journal = Journal(tasks_path.with_name(tasks_path.stem + JOURNAL_SUFFIX))
     if survivors:
-        _Pipeline(cfg, device, pool.get(), chunk, survivors, taken, progress).run()
+        pipeline = _Pipeline(cfg, device, pool.get(), chunk, survivors, taken, progress, journal)
+        pipeline.run()
+        for _ in range(pipeline.replayed):
+            ledger.note(JOBS, True)
     verdicts = [
         v for i, task in enumerate(chunk.final) for v in chunk.pre[i] + _executed(chunk, i, task)
     ]
     write_tasks(chunk.final, tasks_path)
     write_verdicts(verdicts, verdicts_path)  # last: its presence marks the chunk done
+    journal.path.unlink(missing_ok=True)
     ledger.note(STAGE, False)
     return chunk.final, verdicts
+
+
+class Journal:
+    """A chunk's settled sandbox jobs, one JSON line each, appended (and flushed to disk) as
+    each settles, so a run killed mid-chunk resumes the chunk without running them again. A
+    job's verdicts depend on the job alone (its task's code and its settings, which its key
+    hashes; the chunk's key covers the config and the device), not on the chunk's other
+    candidates, so replaying one decides as running it would. Written and read only by the
+    orchestrator; removed once the chunk's work files are written. A last line cut short by
+    the kill is dropped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.done: dict[str, dict[str, list[Verdict]]] = {}
+        if not path.exists():
+            return
+        text = path.read_text()
+        whole = text[: text.rfind("\n") + 1]
+        if whole != text:  # a torn last line: appending after it would break the next one too
+            path.write_text(whole)
+        for line in whole.splitlines():
+            try:
+                entry = json.loads(line)
+                self.done[str(entry["job"])] = {
+                    str(task_id): [Verdict.from_row(row) for row in rows]
+                    for task_id, rows in entry["results"].items()
+                }
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+
+    @staticmethod
+    def key(job: Task, overrides: dict[str, Any] | None) -> str:
+        return digest(job.id, overrides or {})
+
+    def record(self, key: str, results: dict[str, list[Verdict]]) -> None:
+        rows = {task_id: [v.to_row() for v in found] for task_id, found in results.items()}
+        line = json.dumps({"job": key, "results": rows}, sort_keys=True, default=str)
+        with open(self.path, "a") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.done[key] = results
 
 
 def finished(run: RunDir, cfg: RunConfig, tasks: list[Task], device: str, taken: set[str]) -> bool:
@@ -113,9 +168,7 @@ def _work_paths(
 ) -> tuple[Path, Path]:
     """The chunk's final tasks and its verdicts (written last: the chunk is done)."""
     parts = (cfg.sizing, cfg.filters, cfg.decontam)
-    key = digest(
-        *[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks], sorted(taken)
-    )
+    key = digest(*[p.work_dump() for p in parts], device, [t.id for t in tasks], sorted(taken))
     return run.work_path(STAGE, key), run.work_path(f"{STAGE}-verdicts", key)
 
 
@@ -161,10 +214,12 @@ class _Pipeline:
         survivors: list[int],
         taken: set[str],
         progress: Progress,
+        journal: Journal,
     ) -> None:
         from opsynth.filters.sizing import Sizer, inline_settings
 
         self.pool, self.chunk, self.progress = pool, chunk, progress
+        self.journal, self.replayed = journal, 0
         self.survivors = survivors  # sizer index -> chunk index
         self.cfg, self.window = cfg, cfg.filters.window_ms(device)
         self.sizer = Sizer([chunk.final[i] for i in survivors], self.window, cfg.sizing)
@@ -197,7 +252,8 @@ class _Pipeline:
         self._feed()
         while self.queue:
             pending = self.queue.popleft()
-            self.pool.wait(pending.ticket)
+            if not pending.replayed:
+                self.pool.wait(pending.ticket)
             self._settle(pending)
 
     def _feed(self) -> None:
@@ -205,6 +261,16 @@ class _Pipeline:
             self.first_job(self.backlog.popleft())
 
     def _submit(self, job: Task, overrides: dict[str, Any] | None, handle) -> None:
+        key = Journal.key(job, overrides)
+        recorded = self.journal.done.get(key)
+        if recorded is not None:  # settled in its turn, like any job, without running
+            from opsynth.filters.pool import Ticket
+
+            ticket = Ticket({}, {}, results=dict(recorded))
+            self.outstanding += 1
+            self.replayed += 1
+            self.queue.append(_Pending(ticket, handle, key, replayed=True))
+            return
         holder: list[_Pending] = []
 
         def finished(done: int, total: int) -> None:
@@ -214,7 +280,7 @@ class _Pipeline:
                 self._settle(pending)
 
         ticket = self.pool.submit([job], finished, overrides)
-        holder.append(_Pending(ticket, handle))
+        holder.append(_Pending(ticket, handle, key))
         self.outstanding += 1
         self.queue.append(holder[0])
 
@@ -226,6 +292,8 @@ class _Pipeline:
             return
         pending.settled = True
         self.outstanding -= 1
+        if not pending.replayed:
+            self.journal.record(pending.key, pending.ticket.results)
         pending.handle(pending.ticket.results)
         self._feed()
 

@@ -97,7 +97,7 @@ def compose_stage(
 
     produced = sorted(list(ops) for ops in produced or [])
     compose = cfg.compose if mix is None else cfg.compose.model_copy(update={"mix": mix})
-    parts = (compose.model_dump(mode="json"), [s.id for s in seeds], round_index, n, produced)
+    parts = (compose.work_dump(), [s.id for s in seeds], round_index, n, produced)
     key = digest(*parts)
     path = run.work_path(f"compose-r{round_index}", key)
     verdicts_path = run.work_path(f"compose-verdicts-r{round_index}", key)
@@ -126,7 +126,7 @@ def prefilter_stage(
 ) -> list[Verdict]:
     """Static checks and decontamination: pure, orchestrator-side, no candidate code runs."""
     modules = frozenset(cfg.filters.task_modules)
-    key = digest(cfg.decontam.model_dump(mode="json"), sorted(modules), sorted(t.id for t in tasks))
+    key = digest(cfg.decontam.work_dump(), sorted(modules), sorted(t.id for t in tasks))
     path = run.work_path("prefilter", key)
     if path.exists():
         ledger.note("prefilter", True)
@@ -246,7 +246,7 @@ def filter_shard_stage(
 
 def shard_path(run: RunDir, cfg: RunConfig, shard: list[Task], device: str) -> Path:
     """A shard's work file: the same key whichever runner computes it."""
-    key = digest(cfg.filters.model_dump(mode="json"), device, sorted(t.id for t in shard))
+    key = digest(cfg.filters.work_dump(), device, sorted(t.id for t in shard))
     return run.work_path("filter", key)
 
 
@@ -320,7 +320,7 @@ def size_stage(
     from opsynth.filters.sizing import probe_of, size_tasks
 
     parts = (cfg.sizing, cfg.filters)
-    key = digest(*[p.model_dump(mode="json") for p in parts], device, [t.id for t in tasks])
+    key = digest(*[p.work_dump() for p in parts], device, [t.id for t in tasks])
     path = run.work_path("size", key)
     if path.exists():
         ledger.note("size", True)

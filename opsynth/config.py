@@ -75,8 +75,25 @@ class ConfigError(ValueError):
     """A config problem, reported to the user as one line."""
 
 
+# Marks a setting that changes how fast or where work runs, never what it decides: work files'
+# keys (``_Section.work_dump``) hash it at its default, so tuning it reuses the work done.
+SPEED_ONLY: dict[str, object] = {"speed_only": True}
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def work_dump(self) -> dict[str, object]:
+        """The section as JSON with every ``SPEED_ONLY`` setting at its default: what a work
+        file's key hashes, so a resumed run with more workers, another shard size or process
+        reuse finds the work an earlier invocation wrote (at the defaults, exactly
+        ``model_dump``)."""
+        data = self.model_dump(mode="json")
+        defaults = type(self)().model_dump(mode="json")
+        for name, field in type(self).model_fields.items():
+            if (field.json_schema_extra or {}) == SPEED_ONLY:
+                data[name] = defaults[name]
+        return data
 
 
 class SeedsConfig(_Section):
@@ -378,7 +395,12 @@ class FiltersConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto = cuda when available, else cpu"
     )
-    workers: int = Field(default=0, ge=0, description="sandboxed workers; 0 = from host cores")
+    workers: int = Field(
+        json_schema_extra=SPEED_ONLY,
+        default=0,
+        ge=0,
+        description="sandboxed workers; 0 = from host cores",
+    )
     task_timeout_s: float = Field(default=120.0, gt=0, description="wall clock per candidate")
     memory_limit_gb: float = Field(
         default=8.0,
@@ -386,8 +408,11 @@ class FiltersConfig(_Section):
         description="per-candidate memory cap: RLIMIT_AS on CPU; on CUDA (which reserves huge "
         "virtual ranges) the worker's resident-memory watchdog",
     )
-    recycle_after: int = Field(default=50, ge=1, description="candidates per worker life")
+    recycle_after: int = Field(
+        json_schema_extra=SPEED_ONLY, default=50, ge=1, description="candidates per worker life"
+    )
     candidates_per_process_cuda: int = Field(
+        json_schema_extra=SPEED_ONLY,
         default=1,
         ge=1,
         description="on CUDA, candidates one sandboxed process may run in turn. 1 (the default) "
@@ -399,12 +424,14 @@ class FiltersConfig(_Section):
         "one's samples",
     )
     candidates_per_process_cpu: int = Field(
+        json_schema_extra=SPEED_ONLY,
         default=1,
         ge=1,
         description="the same on CPU, where a process costs a fork of a warm worker but the "
         "audit's baseline costs one small torch.compile (timed in benchmarks/RESULTS.md)",
     )
     prepare_audit_ahead: bool = Field(
+        json_schema_extra=SPEED_ONLY,
         default=False,
         description="with prestart_child and candidates_per_process above 1, a prestarted "
         "process compiles the state audit's tiny model on a thread while it waits for its job, "
@@ -422,6 +449,7 @@ class FiltersConfig(_Section):
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
     batch_timers: bool = Field(
+        json_schema_extra=SPEED_ONLY,
         default=True,
         description="timed sections queued for a GPU all run, one by one, before untimed GPU "
         "work resumes, so the forwards in flight drain once per batch of timers; false = "
@@ -443,7 +471,9 @@ class FiltersConfig(_Section):
     determinism_atol: float = Field(
         default=1e-6, description="repeated runs on the same inputs may differ by at most this"
     )
-    shard_size: int = Field(default=64, ge=1, description="candidates per Prefect task")
+    shard_size: int = Field(
+        json_schema_extra=SPEED_ONLY, default=64, ge=1, description="candidates per Prefect task"
+    )
     retry_alone: list[str] = Field(
         default=["oom"],
         description="final reasons that can come from sharing the device with the pool's other "
@@ -489,12 +519,14 @@ class FiltersConfig(_Section):
         "nobody); the GPU lock dir the sandbox writes is owned by it",
     )
     cache_dir: str = Field(
+        json_schema_extra=SPEED_ONLY,
         default="",
         description="where the trusted torch.compile cache layer is kept (built once per host, "
         "device and library versions, read-only to candidates, whose own caches are private); "
         "empty = $XDG_CACHE_HOME/opsynth or ~/.cache/opsynth",
     )
     start_timeout_s: float = Field(
+        json_schema_extra=SPEED_ONLY,
         default=300.0,
         gt=0,
         description="a worker must import torch and probe its device within this; cold file "
@@ -530,12 +562,14 @@ class FiltersConfig(_Section):
         description="size of each sandboxed worker's private /tmp and /dev/shm (tmpfs, so RAM)",
     )
     cores_per_worker: int = Field(
+        json_schema_extra=SPEED_ONLY,
         default=2,
         ge=1,
         description="on CPU, workers = 0 derives host cores / this: a CPU candidate's forwards "
         "use intra-op threads besides its torch.compile",
     )
     cores_per_gpu_worker: int = Field(
+        json_schema_extra=SPEED_ONLY,
         default=1,
         ge=1,
         description="on CUDA, workers = 0 derives host cores / this: a GPU candidate keeps about "
@@ -543,12 +577,14 @@ class FiltersConfig(_Section):
         "then) while its forwards run on the GPU",
     )
     prestart_child: bool = Field(
+        json_schema_extra=SPEED_ONLY,
         default=True,
         description="each worker forks its next candidate's process while the current one runs, "
         "so the CUDA context (seconds with many workers per GPU) is ready when the candidate "
         "starts; the waiting process has run no candidate code and is checked before use",
     )
     max_workers_per_gpu: int = Field(
+        json_schema_extra=SPEED_ONLY,
         default=16,
         ge=1,
         description="workers = 0 caps workers per GPU here; timing is serialised per GPU (the GPU "
@@ -638,12 +674,14 @@ class SizingConfig(_Section):
         "every timed run holds the GPU exclusively, which all workers queue for",
     )
     pipelined: bool = Field(
+        json_schema_extra=SPEED_ONLY,
         default=True,
         description="on the in-process pool (runner.kind local), move each candidate on as its "
         "own probe returns, to its next probe or its filter run, instead of sizing the chunk "
         "in lockstep rounds and filtering after the last; the same decisions either way",
     )
     inline: bool = Field(
+        json_schema_extra=SPEED_ONLY,
         default=True,
         description="with pipelined, a candidate's probes run in its own filter process, "
         "before its stages (filters.size_inline): one sandboxed process, and one CUDA context, "
@@ -652,6 +690,7 @@ class SizingConfig(_Section):
         "before it reports one is sized by separate probes",
     )
     inline_timeout_s: float = Field(
+        json_schema_extra=SPEED_ONLY,
         default=60.0,
         gt=0,
         description="wall clock added to filters.task_timeout_s for a job that sizes inline",
@@ -869,11 +908,13 @@ class RunConfig(_Section):
     def config_hash(self) -> str:
         """Hash of what decides the data; ``publish`` only says where it goes, ``runner``
         where it is computed and ``trainer`` what is done with it afterwards, so they are left
-        out and none changes a run's hash."""
-        blob = json.dumps(
-            self.model_dump(mode="json", exclude={"publish", "runner", "trainer"}),
-            sort_keys=True,
-        )
+        out and none changes a run's hash, and neither does a speed-only setting."""
+        data = self.model_dump(mode="json", exclude={"publish", "runner", "trainer"})
+        for name in data:  # speed-only settings at their defaults (``work_dump``)
+            section = getattr(self, name)
+            if isinstance(section, _Section):
+                data[name] = section.work_dump()
+        blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def with_overrides(self, **top_level: object) -> RunConfig:
@@ -942,8 +983,10 @@ def render_toml(default: RunConfig, header: list[str]) -> str:
             value = getattr(model, name)
             if isinstance(value, BaseModel):
                 continue
-            if info.description:
-                lines.append(f"# {info.description}")
+            speed = " (speed only: work files are reused across its values)"
+            note = speed if info.json_schema_extra == SPEED_ONLY else ""
+            if info.description or note:
+                lines.append(f"# {info.description or ''}{note}")
             lines.append(f"{name} = {_toml_value(value)}")
 
     def sections(model: BaseModel, prefix: str) -> None:

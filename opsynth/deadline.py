@@ -1,10 +1,12 @@
 """When a time-limited invocation (``opsynth run --time-limit``) stops starting chunks.
 
-A GPU host is often lent for a fixed time (a batch job's wall-clock limit, a lease). A chunk
-killed by the host's limit loses all of its work, so the run stops at a chunk boundary
-instead: it starts the next chunk only if the longest chunk this invocation has computed would
-still end before the limit, writes what it has, and a later invocation on any host resumes
-from the chunks on disk. Plain functions and a dataclass: no clock of its own, testable alone.
+A GPU host is often lent for a fixed time (a batch job's wall-clock limit, a lease). A run
+killed at the host's limit loses its jobs in flight (a chunk's settled jobs are kept in its
+journal, ``flows.size_screen.Journal``) and leaves the dataset files as an earlier invocation
+wrote them, so the run stops at a chunk boundary instead: it starts the next chunk only if the
+longest chunk this invocation has computed would still end before the limit, writes what it
+has, and a later invocation on any host resumes from the work on disk. Plain functions and a
+dataclass: no clock of its own, testable alone.
 """
 
 from __future__ import annotations

@@ -138,6 +138,7 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
         ("hung", True, True, [hanger()]),
     )
     try:
+        result["resumed"] = resumed(out, cfg, chunk, progress)
         for path, pipelined, inline, tasks_in in paths:
             run_cfg = cfg.with_section("sizing", pipelined=pipelined, inline=inline)
             if path == "hung":  # killed soon, whether sizing inline or probing
@@ -164,6 +165,61 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
     finally:
         pool.close()
     return result
+
+
+class Interrupted(Exception):
+    """The run is stopped mid-chunk, as a kill would stop it."""
+
+
+def resumed(out: str, cfg: RunConfig, chunk: list[Task], progress) -> dict:
+    """The chunk inline, interrupted once three candidates are done (the pool closed, as a
+    killed run's would be), then resumed on a fresh pool from the chunk's journal: what the
+    first pool ran, what the journal held, what the second pool ran, and the result."""
+    from opsynth.flows.regenerate import size_and_filter
+    from opsynth.flows.size_screen import JOBS, JOURNAL_SUFFIX, Journal
+    from opsynth.flows.stages import LazyPool, WorkLedger
+    from opsynth.store import RunDir
+    from opsynth.verdicts import group_by_task
+
+    run_cfg = cfg.with_section("sizing", pipelined=True, inline=True)
+    run = RunDir.create(Path(out) / "resumed")
+
+    def interrupting(stage: str, done: int, total: int) -> None:
+        progress(stage, done, total)
+        if stage == "size_filter" and done >= 4:  # one rejected statically, three filtered
+            raise Interrupted
+
+    first = LazyPool(run_cfg, "cpu")
+    try:
+        size_and_filter(
+            run, run_cfg, chunk, "cpu", first, WorkLedger(), interrupting, list(chunk), []
+        )
+        raise AssertionError("the chunk was not interrupted")
+    except Interrupted:
+        pass
+    finally:
+        ran_first = first.close()["candidates"]
+    [journal] = (run.root / "work").glob(f"*{JOURNAL_SUFFIX}")
+    held = len(Journal(journal).done)
+    second, ledger = LazyPool(run_cfg, "cpu"), WorkLedger()
+    try:
+        final, _, verdicts = size_and_filter(
+            run, run_cfg, chunk, "cpu", second, ledger, progress, list(chunk), []
+        )
+    finally:
+        ran_second = second.close()["candidates"]
+    rows = group_by_task(verdicts)
+    return {
+        "ran_first": ran_first,
+        "journaled": held,
+        "replayed": ledger.reused.get(JOBS, 0),
+        "ran_second": ran_second,
+        "journal_left": journal.exists(),
+        "final": [[t.id, t.meta.get("sizing")] for t in final],
+        "verdicts": {
+            t.id: [(v.stage, v.passed, v.reason) for v in rows.get(t.id, [])] for t in final
+        },
+    }
 
 
 def config(kind: str) -> RunConfig:

@@ -53,3 +53,36 @@ def test_neighbour_reasons_are_filter_codes_and_checked() -> None:
     assert set(NEIGHBOUR_REASONS) <= set(reasons.INFRA) | set(reasons.ALL)
     with pytest.raises(ValueError, match="choose from"):
         FiltersConfig(retry_alone=["too_fast"])
+
+
+def test_work_keys_hash_speed_only_settings_at_their_defaults() -> None:
+    """A work file's key (``work_dump``) ignores settings that change only how fast or where
+    work runs, so a resumed run tuned for another host reuses the work on disk; at the
+    defaults it is the plain dump, so keys written before stay valid."""
+    from opsynth.config import SPEED_ONLY, render_toml
+
+    cfg = RunConfig()
+    for name in ("seeds", "compose", "sizing", "filters", "decontam", "dedup"):
+        section = getattr(cfg, name)
+        assert section.work_dump() == section.model_dump(mode="json"), name
+    speed = {
+        section: [
+            n
+            for n, f in type(getattr(cfg, section)).model_fields.items()
+            if f.json_schema_extra == SPEED_ONLY
+        ]
+        for section in ("sizing", "filters")
+    }
+    assert {"workers", "shard_size", "candidates_per_process_cuda"} <= set(speed["filters"])
+    assert {"pipelined", "inline"} <= set(speed["sizing"])
+    tuned = cfg.with_section(
+        "filters", workers=3, shard_size=5, candidates_per_process_cuda=4, batch_timers=False
+    ).with_section("sizing", pipelined=False, inline=False)
+    assert tuned.filters.work_dump() == cfg.filters.work_dump()
+    assert tuned.sizing.work_dump() == cfg.sizing.work_dump()
+    assert tuned.config_hash() == cfg.config_hash()
+    # what decides a verdict still does
+    stricter = cfg.with_section("filters", timed_runs=20)
+    assert stricter.filters.work_dump() != cfg.filters.work_dump()
+    assert stricter.config_hash() != cfg.config_hash()
+    assert "(speed only: work files are reused across its values)" in render_toml(cfg, [])

@@ -144,8 +144,16 @@ def test_run_writes_every_stage_file(reference_run):
 
 
 def test_rerun_recomputes_nothing(reference_run, tiny_config, prefect_api):
+    """Not even with the pool tuned otherwise: settings marked speed-only (workers, shard
+    size, process reuse, pipelining) are not part of the work files' keys."""
     before = accepted_rows(reference_run)
-    args = ("run", "--out", str(reference_run), "--config", str(tiny_config))
+    tuned = tiny_config.with_name("tuned.toml")
+    tuned.write_text(
+        tiny_config.read_text()
+        .replace("workers = 2", "workers = 1\ncandidates_per_process_cpu = 2")
+        .replace("shard_size = 2", "shard_size = 1")
+    )
+    args = ("run", "--out", str(reference_run), "--config", str(tuned))
     proc = opsynth(*args, cwd=reference_run, env=prefect_api)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((reference_run / "run.json").read_text())

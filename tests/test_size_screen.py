@@ -120,3 +120,18 @@ def test_a_candidate_killed_before_it_claims_a_size_is_sized_by_separate_probes(
     assert sizing["chosen"] == 4
     # the inline job, the two probes and the filter run of the size it measured
     assert hung["jobs"] == 4, hung["jobs"]
+
+
+def test_a_chunk_interrupted_mid_way_resumes_from_its_journal(paths: dict) -> None:
+    """Killed after three candidates, the chunk's settled jobs are on disk; the resumed run
+    replays them instead of running them and decides as an uninterrupted inline run."""
+    resumed, inline = paths["resumed"], paths["inline"]
+    assert resumed["journaled"] >= 3, resumed
+    assert resumed["replayed"] == resumed["journaled"]
+    # nothing settled runs twice: the second pool ran what the journal did not hold
+    assert resumed["ran_second"] == inline["jobs"] - resumed["journaled"], resumed
+    assert not resumed["journal_left"]  # the chunk's work files replace it
+    for (got_id, got), (want_id, want) in zip(resumed["final"], inline["final"], strict=True):
+        assert got_id == want_id
+        assert resumed["verdicts"][got_id] == inline["verdicts"][want_id]
+        assert (got or {}).get("chosen") == (want or {}).get("chosen")
