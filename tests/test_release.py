@@ -1,0 +1,57 @@
+"""The v1.0.0 release as committed under ``data/releases/v1.0.0``: its config, and its run
+directory, which is the release's prefix while ``status`` is not ``complete``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opsynth.config import OPS6K_MIX, load_config
+from opsynth.store import read_tasks, read_verdicts
+from opsynth.verdicts import group_by_task, passed_all
+
+RELEASE = Path(__file__).resolve().parents[1] / "data" / "releases" / "v1.0.0"
+RUN = RELEASE / "run"
+
+
+def test_release_config_asks_for_ops6k() -> None:
+    cfg = load_config(RELEASE / "config.toml")
+    assert cfg.target == 6000 and cfg.compose.mix == OPS6K_MIX
+    assert cfg.seeds.cache_dir == "none"  # the catalogue travels in the run directory
+
+
+@pytest.fixture(scope="module")
+def manifest() -> dict:
+    if not (RUN / "run.json").is_file():
+        pytest.skip("no run directory committed yet")
+    return json.loads((RUN / "run.json").read_text())
+
+
+def test_committed_run_is_consistent(manifest: dict) -> None:
+    """Every accepted row passed every stage it reached, once; the counts agree; the run says
+    how far it is and keeps every invocation that made it."""
+    assert manifest["status"] in ("stopped", "complete")
+    assert manifest["config_hash"] == load_config(RELEASE / "config.toml").config_hash()
+    accepted = read_tasks(RUN / "accepted.parquet")
+    verdicts = group_by_task(read_verdicts(RUN / "verdicts.parquet"))
+    assert len(accepted) == manifest["counts"]["accepted"] > 0
+    assert len({t.id for t in accepted}) == len(accepted)
+    assert len({t.code for t in accepted}) == len(accepted)
+    for task in accepted:
+        assert passed_all(task.id, verdicts), task.id
+        assert {"verify", "compile", "runtime", "dedup"} <= {v.stage for v in verdicts[task.id]}
+        assert task.data_source in OPS6K_MIX
+        assert "class Model" in task.code and "def get_inputs" in task.code
+    assert manifest["invocations"] and manifest["invocations"][-1]["status"] == manifest["status"]
+    assert all(i["device"] == "cuda" for i in manifest["invocations"])
+    if manifest["status"] == "complete":
+        assert len(accepted) == 6000
+
+
+def test_committed_run_loads_with_datasets(manifest: dict) -> None:
+    datasets = pytest.importorskip("datasets")
+    rows = datasets.load_dataset("parquet", data_files=str(RUN / "accepted.parquet"), split="train")
+    assert rows.num_rows == manifest["counts"]["accepted"]
+    assert {"id", "ops", "data_source", "code"} <= set(rows.column_names)
