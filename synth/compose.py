@@ -5,8 +5,9 @@ For each wanted task it draws a data source from ``cfg.mix`` (``synth.sampling``
 solves their arguments and shapes on the ``meta`` device (``synth.solve``), fits the batch to
 the cost read off the chain (``synth.cost``), and runs the chain once on a small CPU sample to
 refuse degenerate values (``synth.degenerate``); for ``transformers`` it passes an unused
-transformers seed through as is. Everything is driven by one RNG seeded from
-``(cfg.seed, round_index)``, so the same seeds and config always give the same tasks.
+transformers seed through, with its batch as a ``batch_size`` to size (``synth.standalone``).
+Everything is driven by one RNG seeded from ``(cfg.seed, round_index)``, so the same seeds and
+config always give the same tasks.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from opsynth.synth.degenerate import Degenerate, check_sample
 from opsynth.synth.emit import render_task
 from opsynth.synth.sampling import TRANSFORMERS, Sampler, chain_length, seed_name, split_seeds
 from opsynth.synth.solve import VECTOR_BATCH, Seed, Solver, is_dropout, rebatch
+from opsynth.synth.standalone import with_batch_knob
 from opsynth.taxonomy import category
 
 COMPOSER = "offline"
@@ -149,11 +151,12 @@ def _compose_chunk(job: tuple, seeds: list[Task] | None = None) -> list[Task]:
 
 
 def standalone_task(seed: Task, composer: str, config_hash: str, meta: dict) -> Task:
-    """A transformers seed as a task of its own: same code and id, this composer's provenance."""
+    """A transformers seed as a task of its own: its code with the batch as a ``batch_size``
+    the sizing stage scales (``synth.standalone``), this composer's provenance."""
     return Task(
         ops=list(seed.ops),
         data_source=seed.data_source,
-        code=seed.code,
+        code=with_batch_knob(seed.code),
         seed_ids=[seed.id],
         composer=composer,
         composer_version=COMPOSER_VERSION,
