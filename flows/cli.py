@@ -67,8 +67,8 @@ def run(
         float | None,
         typer.Option(
             "--time-limit",
-            help="seconds this invocation may take: no chunk starts that would end later "
-            "(estimated from its longest chunk so far); the run stops with what it has and a "
+            help="seconds this invocation may take: no candidate starts after them (the "
+            "two-stage path: no chunk that would end later); the run writes what it has and a "
             "re-run resumes",
         ),
     ] = None,

@@ -18,7 +18,7 @@ from prefect import flow
 from opsynth.config import RunConfig
 from opsynth.deadline import ChunkClock
 from opsynth.flows.size_screen import STAGE as SIZE_FILTER
-from opsynth.flows.size_screen import finished, size_and_screen
+from opsynth.flows.size_screen import ChunkStopped, finished, size_and_screen
 from opsynth.flows.stages import (
     LazyPool,
     Progress,
@@ -54,9 +54,10 @@ def regenerate(
     work written when it is done, so a run stopped anywhere resumes from its last finished
     chunk rather than from the start of the round's sizing, and a round stops composing work
     for the filters once the target is met (the rest of its candidates are left unscreened).
-    With ``stop_at`` (seconds since the epoch) no chunk starts that would not end by then
-    (``opsynth.deadline``): the run writes what it has with status ``stopped``. A run killed
-    mid-chunk keeps the chunk's settled jobs in its journal (``flows.size_screen.Journal``)."""
+    With ``stop_at`` (seconds since the epoch) no candidate starts after it (on the other paths
+    no chunk that would not end by then, ``opsynth.deadline``): the run writes what it has with
+    status ``stopped``, a chunk it left keeping its finished jobs in its journal
+    (``flows.size_screen.Journal``), as a run killed mid-chunk does."""
     from opsynth.ast_dedup.dedup import dedup
 
     run = RunDir.create(Path(out))
@@ -131,14 +132,33 @@ def regenerate(
                     run, cfg, chunk, device, {t.id for t in candidates}
                 )
                 met = filled(accepted, quota) >= cfg.target
-                if met or not (on_disk or clock.allows_next(time.time())):
+                in_time = clock.allows_next(time.time(), stops_mid_chunk=pipelined(cfg))
+                if met or not (on_disk or in_time):
                     unscreened |= {t.id for t in composed[start:]}
                     break
                 began, computed = time.time(), sum(ledger.computed.values())
                 pool_start = pool.start_seconds()
-                chunk, candidates, verdicts = size_and_filter(
-                    run, cfg, chunk, device, pool, ledger, progress, candidates, verdicts
-                )
+                # the next chunk's first jobs may start on workers this chunk's tail leaves idle
+                after = composed[start + cfg.chunk_size : start + 2 * cfg.chunk_size]
+                ahead = after if pipelined(cfg) and not on_disk else None
+                try:
+                    chunk, candidates, verdicts = size_and_filter(
+                        run,
+                        cfg,
+                        chunk,
+                        device,
+                        pool,
+                        ledger,
+                        progress,
+                        candidates,
+                        verdicts,
+                        stop_at,
+                        ahead,
+                    )
+                except ChunkStopped:  # at the time limit: its finished jobs are in its journal
+                    clock.stopped = True
+                    unscreened |= {t.id for t in composed[start:]}
+                    break
                 # the pool's start, paid once, says nothing about the next chunk
                 spent = time.time() - began - (pool.start_seconds() - pool_start)
                 clock.record(spent, computed=sum(ledger.computed.values()) > computed)
@@ -230,6 +250,8 @@ def size_and_filter(
     progress: Progress,
     candidates: list[Task],
     verdicts: list[Verdict],
+    stop_at: float | None = None,
+    ahead: list[Task] | None = None,
 ) -> tuple[list[Task], list[Task], list[Verdict]]:
     """One chunk sized (when sizing is on) and filtered: pipelined on the in-process pool
     (``flows.size_screen``), else sized in lockstep rounds on whichever runner and then
@@ -238,7 +260,9 @@ def size_and_filter(
     if pipelined(cfg):
         taken = {t.id for t in candidates}
         with ledger.timed(SIZE_FILTER):
-            sized, rows = size_and_screen(run, cfg, chunk, device, pool, ledger, progress, taken)
+            sized, rows = size_and_screen(
+                run, cfg, chunk, device, pool, ledger, progress, taken, stop_at, ahead
+            )
         chunk, candidates, verdicts = adopt_sized(chunk, sized, candidates, verdicts)
         return chunk, candidates, verdicts + rows
     if cfg.sizing.enabled:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,8 +47,10 @@ if TYPE_CHECKING:
 STAGE = "size_filter"
 # A chunk's journal of settled jobs sits beside its work file: size_filter-<key>.journal.jsonl
 JOURNAL_SUFFIX = ".journal.jsonl"
-# run.json's work ledger counts jobs replayed from a journal under this name
+# run.json's work ledger counts jobs replayed from a journal under this name, and jobs started
+# ahead, on workers the previous chunk's tail left idle, under this one
 JOBS = "size_filter_jobs"
+PREFETCHED = "size_filter_jobs_ahead"
 # Initial probes queued ahead of the workers, per worker: enough that none idles, few enough
 # that a candidate's next probe or its filter run (queued behind them) starts soon, so the
 # chunk ends with few long chains still running.
@@ -76,6 +79,11 @@ class _Chunk:
     done: int = 0
 
 
+class ChunkStopped(Exception):
+    """The time limit came mid-chunk: the candidates begun by then are done and in the chunk's
+    journal, the rest never started; a later run resumes the chunk from there."""
+
+
 def size_and_screen(
     run: RunDir,
     cfg: RunConfig,
@@ -85,11 +93,16 @@ def size_and_screen(
     ledger: WorkLedger,
     progress: Progress,
     taken: set[str],
+    stop_at: float | None = None,
+    ahead: list[Task] | None = None,
 ) -> tuple[list[Task], list[Verdict]]:
     """Each task sized and filtered: the tasks as they end (sized, or as composed), in input
     order, and every prefilter and sandbox verdict for them. ``taken``: ids of the run's
     other candidates, which a sized variant may not take. One work file pair per chunk: a
-    resumed run reuses a finished chunk whole."""
+    resumed run reuses a finished chunk whole. From ``stop_at`` (seconds since the epoch) no
+    candidate starts; a chunk left unfinished then raises ``ChunkStopped``. ``ahead``: the
+    next chunk, whose first jobs start on workers this chunk's tail leaves idle (``Prefetch``,
+    kept on ``pool`` for the next call)."""
     tasks_path, verdicts_path = _work_paths(run, cfg, tasks, device, taken)
     if tasks_path.exists() and verdicts_path.exists():
         ledger.note(STAGE, True)
@@ -101,11 +114,30 @@ def size_and_screen(
     chunk.done = len(tasks) - len(survivors)
     progress(STAGE, chunk.done, len(tasks))
     journal = Journal(tasks_path.with_name(tasks_path.stem + JOURNAL_SUFFIX))
+    prefetched, pool.prefetch = pool.prefetch, None
     if survivors:
-        pipeline = _Pipeline(cfg, device, pool.get(), chunk, survivors, taken, progress, journal)
+        upcoming = Prefetch.of(run, cfg, ahead, device) if ahead else None
+        pipeline = _Pipeline(
+            cfg,
+            device,
+            pool.get(),
+            chunk,
+            survivors,
+            taken,
+            progress,
+            journal,
+            prefetched,
+            upcoming,
+        )
+        pipeline.stop_at = stop_at
         pipeline.run()
+        pool.prefetch = upcoming
         for _ in range(pipeline.replayed):
             ledger.note(JOBS, True)
+        for _ in range(pipeline.taken_over):
+            ledger.note(PREFETCHED, False)
+        if pipeline.backlog:
+            raise ChunkStopped(f"{len(pipeline.backlog)} candidates not started")
     verdicts = [
         v for i, task in enumerate(chunk.final) for v in chunk.pre[i] + _executed(chunk, i, task)
     ]
@@ -172,6 +204,61 @@ def _work_paths(
     return run.work_path(STAGE, key), run.work_path(f"{STAGE}-verdicts", key)
 
 
+def inline_overrides(cfg: RunConfig, window: tuple[float, float]) -> dict[str, Any]:
+    """A job that sizes its candidate in its own filter process (``filters.size_inline``)."""
+    from opsynth.filters.sizing import inline_settings
+
+    return {
+        "sizing": inline_settings(cfg.sizing, window),
+        "task_timeout_s": cfg.filters.task_timeout_s + cfg.sizing.inline_timeout_s,
+    }
+
+
+class Prefetch:
+    """The next chunk's first jobs, started on workers the current chunk's tail leaves idle
+    and taken over by the next chunk's pipeline, which settles them as if it had submitted
+    them. Each is the job that pipeline submits first for a candidate (its inline job, its
+    first probe, or, without a size constant, its filter run): it depends on the candidate
+    and the settings alone, not on what the current chunk decides, so starting it early
+    changes no verdict. Jobs left untaken when the run stops are lost with the pool."""
+
+    def __init__(self, jobs: list[tuple[str, Task, dict[str, Any] | None]]) -> None:
+        self.waiting = deque(jobs)  # (journal key, job, overrides), in the pipeline's order
+        self.started: dict[str, Ticket] = {}
+
+    @classmethod
+    def of(cls, run: RunDir, cfg: RunConfig, tasks: list[Task], device: str) -> Prefetch:
+        """The first jobs of the chunk ``tasks`` (prefiltered here: that work file is the
+        one its pipeline reads)."""
+        from opsynth.filters.sizing import Sizer
+
+        early = group_by_task(prefilter_stage(run, cfg, tasks, WorkLedger()))
+        survivors = [t for t in tasks if passed_all(t.id, early)]
+        window = cfg.filters.window_ms(device)
+        sizer = Sizer(survivors, window, cfg.sizing)
+        probes, finished = sizer.start()
+        first = inline_overrides(cfg, window) if cfg.sizing.inline else probe_overrides(cfg)
+        jobs = [(Journal.key(v, first), v, first) for v in probes]
+        jobs += [(Journal.key(t, None), t, None) for t in (sizer.sized(i) for i in finished)]
+        # a job an earlier, killed run journaled is replayed, not run again
+        done = set()
+        for path in (run.root / "work").glob(f"*{JOURNAL_SUFFIX}"):
+            done |= set(Journal(path).done)
+        return cls([job for job in jobs if job[0] not in done])
+
+    def top_up(self, pool: WorkerPool, room: int) -> None:
+        """Start waiting jobs while fewer than ``room`` started ones are unfinished."""
+        running = sum(not t.done for t in self.started.values())
+        while self.waiting and running < room:
+            key, job, overrides = self.waiting.popleft()
+            if key not in self.started:
+                self.started[key] = pool.submit([job], None, overrides)
+                running += 1
+
+    def take(self, key: str) -> Ticket | None:
+        return self.started.pop(key, None)
+
+
 def _executed(chunk: _Chunk, index: int, task: Task) -> list[Verdict]:
     """A candidate's sandbox rows: none when a prefilter rejected it."""
     return chunk.executed[task.id] if _passed(chunk.pre[index]) else []
@@ -215,20 +302,22 @@ class _Pipeline:
         taken: set[str],
         progress: Progress,
         journal: Journal,
+        prefetched: Prefetch | None = None,
+        ahead: Prefetch | None = None,
     ) -> None:
-        from opsynth.filters.sizing import Sizer, inline_settings
+        from opsynth.filters.sizing import Sizer
 
         self.pool, self.chunk, self.progress = pool, chunk, progress
         self.journal, self.replayed = journal, 0
+        # this chunk's first jobs started ahead; the next chunk's, to start on idle workers
+        self.prefetched, self.ahead, self.taken_over = prefetched, ahead, 0
+        self.stop_at: float | None = None  # from then on no candidate starts
         self.survivors = survivors  # sizer index -> chunk index
         self.cfg, self.window = cfg, cfg.filters.window_ms(device)
         self.sizer = Sizer([chunk.final[i] for i in survivors], self.window, cfg.sizing)
         # with sizing.inline, a candidate's first job sizes it in its own filter process
         self.first_job = self._inline if cfg.sizing.inline else self._probe
-        self.inline_overrides = {
-            "sizing": inline_settings(cfg.sizing, self.window),
-            "task_timeout_s": cfg.filters.task_timeout_s + cfg.sizing.inline_timeout_s,
-        }
+        self.inline_overrides = inline_overrides(cfg, self.window)
         # the run's other candidates and this chunk's composed tasks: no sized variant's code
         self.taken = set(taken) | {t.id for t in chunk.final}
         self.claims: dict[str, int] = {}  # sized code id -> the chunk index holding it
@@ -257,8 +346,12 @@ class _Pipeline:
             self._settle(pending)
 
     def _feed(self) -> None:
-        while self.backlog and self.outstanding < self.lookahead:
+        late = self.stop_at is not None and time.time() >= self.stop_at
+        while self.backlog and self.outstanding < self.lookahead and not late:
             self.first_job(self.backlog.popleft())
+        # candidates begun finish (their later jobs are not held back); none starts late
+        if not self.backlog and self.ahead is not None and not late:
+            self.ahead.top_up(self.pool, self.lookahead - self.outstanding)
 
     def _submit(self, job: Task, overrides: dict[str, Any] | None, handle) -> None:
         key = Journal.key(job, overrides)
@@ -272,6 +365,7 @@ class _Pipeline:
             self.queue.append(_Pending(ticket, handle, key, replayed=True))
             return
         holder: list[_Pending] = []
+        early = self.prefetched.take(key) if self.prefetched is not None else None
 
         def finished(done: int, total: int) -> None:
             pending = holder[0]
@@ -279,7 +373,11 @@ class _Pipeline:
             if pending.ticket.done and not any(self._retried(r) for r in rows):
                 self._settle(pending)
 
-        ticket = self.pool.submit([job], finished, overrides)
+        if early is not None:  # started ahead, on a worker the last chunk left idle
+            ticket, self.taken_over = early, self.taken_over + 1
+            ticket.progress = finished  # (its verdicts, if in, are settled in queue order)
+        else:
+            ticket = self.pool.submit([job], finished, overrides)
         holder.append(_Pending(ticket, handle, key))
         self.outstanding += 1
         self.queue.append(holder[0])

@@ -156,6 +156,8 @@ class LazyPool:
         # the task runner's pools (``runner.kind`` not local), by engine worker: their latest
         # stats, as the shards they ran brought them back
         self.engines: dict[str, dict[str, Any]] = {}
+        # the next pipelined chunk's first jobs, started early (``flows.size_screen.Prefetch``)
+        self.prefetch: Any = None
 
     def queue(self, shards: list[list[Task]], progress: Progress) -> None:
         """Queue these shards' candidates on the pool now: workers then go from one shard to

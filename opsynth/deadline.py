@@ -3,10 +3,12 @@
 A GPU host is often lent for a fixed time (a batch job's wall-clock limit, a lease). A run
 killed at the host's limit loses its jobs in flight (a chunk's settled jobs are kept in its
 journal, ``flows.size_screen.Journal``) and leaves the dataset files as an earlier invocation
-wrote them, so the run stops at a chunk boundary instead: it starts the next chunk only if the
-longest chunk this invocation has computed would still end before the limit, writes what it
-has, and a later invocation on any host resumes from the work on disk. Plain functions and a
-dataclass: no clock of its own, testable alone.
+wrote them, so the run stops by itself instead: a pipelined chunk starts no candidate after
+the limit and ends once those in flight are done (``flows.size_screen``), and on the other paths
+the next chunk starts only if the longest chunk this invocation has computed would still end
+before the limit. Either way the run writes what it has, and a later invocation on any host
+resumes from the work on disk. Plain functions and a dataclass: no clock of its own, testable
+alone.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ class ChunkClock:
     computed_s: list[float] = field(default_factory=list)
     stopped: bool = False
 
-    def allows_next(self, now: float) -> bool:
+    def allows_next(self, now: float, *, stops_mid_chunk: bool = False) -> bool:
         """Whether a chunk started at ``now`` is expected to end by ``stop_at``. Before the
-        first computed chunk there is no estimate: it starts while there is time left at all.
-        Once it says no, it stays stopped."""
+        first computed chunk there is no estimate: it starts while there is time left at all,
+        as every chunk does when it can itself stop at the limit (``stops_mid_chunk``: the
+        pipelined path, which starts no candidate after it and keeps the finished ones in its
+        journal). Once it says no, it stays stopped."""
         if self.stop_at is None:
             return True
-        expected = max(self.computed_s, default=0.0)
+        expected = 0.0 if stops_mid_chunk else max(self.computed_s, default=0.0)
         if self.stopped or now + expected >= self.stop_at:
             self.stopped = True
         return not self.stopped

@@ -138,7 +138,6 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
         ("hung", True, True, [hanger()]),
     )
     try:
-        result["resumed"] = resumed(out, cfg, chunk, progress)
         for path, pipelined, inline, tasks_in in paths:
             run_cfg = cfg.with_section("sizing", pipelined=pipelined, inline=inline)
             if path == "hung":  # killed soon, whether sizing inline or probing
@@ -162,9 +161,42 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
                 "jobs": pool.pool.stats["candidates"] - jobs,
                 "seconds": round(time.perf_counter() - started, 1),
             }
+        result["resumed"] = resumed(out, cfg, chunk, progress)
+        result["ahead"] = ahead_of_time(out, cfg, pool, progress)
     finally:
         pool.close()
     return result
+
+
+def ahead_of_time(out: str, cfg: RunConfig, pool, progress) -> dict:
+    """Two chunks inline on one pool, the second's first jobs started while the first's last
+    ones run (``flows.size_screen.Prefetch``): the second chunk's result, the jobs both ran
+    and how many of them the second took over from the first."""
+    from opsynth.flows.regenerate import size_and_filter
+    from opsynth.flows.size_screen import PREFETCHED
+    from opsynth.flows.stages import WorkLedger
+    from opsynth.store import RunDir
+    from opsynth.verdicts import group_by_task
+
+    run_cfg = cfg.with_section("sizing", pipelined=True, inline=True)
+    run, ledger = RunDir.create(Path(out) / "ahead"), WorkLedger()
+    first, second = tasks(), sizable() + twins()
+    jobs = pool.pool.stats["candidates"]
+    _, candidates, verdicts = size_and_filter(
+        run, run_cfg, first, "cpu", pool, ledger, progress, first + second, [], None, second
+    )
+    final, _, verdicts = size_and_filter(
+        run, run_cfg, second, "cpu", pool, ledger, progress, candidates, verdicts
+    )
+    rows = group_by_task(verdicts)
+    return {
+        "final": [[t.id, t.meta.get("sizing")] for t in final],
+        "verdicts": {
+            t.id: [(v.stage, v.passed, v.reason) for v in rows.get(t.id, [])] for t in final
+        },
+        "jobs": pool.pool.stats["candidates"] - jobs,
+        "taken_over": ledger.computed.get(PREFETCHED, 0),
+    }
 
 
 class Interrupted(Exception):
@@ -172,44 +204,60 @@ class Interrupted(Exception):
 
 
 def resumed(out: str, cfg: RunConfig, chunk: list[Task], progress) -> dict:
-    """The chunk inline, interrupted once three candidates are done (the pool closed, as a
-    killed run's would be), then resumed on a fresh pool from the chunk's journal: what the
-    first pool ran, what the journal held, what the second pool ran, and the result."""
+    """The chunk inline with a time limit two seconds away (it stops by itself), then again,
+    interrupted once three more jobs are journaled (the pool closed, as a killed run's would
+    be), then resumed on a fresh pool from the chunk's journal: what ran and what the journal
+    held at each step, what the last pool ran, and the result."""
     from opsynth.flows.regenerate import size_and_filter
-    from opsynth.flows.size_screen import JOBS, JOURNAL_SUFFIX, Journal
-    from opsynth.flows.stages import LazyPool, WorkLedger
+    from opsynth.flows.size_screen import JOBS, JOURNAL_SUFFIX, ChunkStopped, Journal
+    from opsynth.flows.stages import LazyPool, WorkLedger, prefilter_stage
     from opsynth.store import RunDir
     from opsynth.verdicts import group_by_task
 
     run_cfg = cfg.with_section("sizing", pipelined=True, inline=True)
     run = RunDir.create(Path(out) / "resumed")
+    held_limited = 0
+
+    def journaled() -> int:
+        found = list((run.root / "work").glob(f"*{JOURNAL_SUFFIX}"))
+        return len(Journal(found[0]).done) if found else 0
 
     def interrupting(stage: str, done: int, total: int) -> None:
         progress(stage, done, total)
-        if stage == "size_filter" and done >= 4:  # one rejected statically, three filtered
+        if stage == "size_filter" and journaled() >= held_limited + 3:
             raise Interrupted
 
-    first = LazyPool(run_cfg, "cpu")
-    try:
-        size_and_filter(
-            run, run_cfg, chunk, "cpu", first, WorkLedger(), interrupting, list(chunk), []
+    def chunk_run(pool, ledger, report, stop_at=None):
+        return size_and_filter(
+            run, run_cfg, chunk, "cpu", pool, ledger, report, list(chunk), [], stop_at
         )
+
+    first = LazyPool(run_cfg, "cpu")
+    first.get()  # started, and the chunk prefiltered: the limit is about candidates alone
+    prefilter_stage(run, run_cfg, chunk, WorkLedger())
+    try:
+        try:
+            chunk_run(first, WorkLedger(), progress, time.time() + 2.0)
+            raise AssertionError("the chunk did not stop at its time limit")
+        except ChunkStopped:
+            ran_limited, held_limited = first.pool.stats["candidates"], journaled()
+        chunk_run(first, WorkLedger(), interrupting)
         raise AssertionError("the chunk was not interrupted")
     except Interrupted:
         pass
     finally:
         ran_first = first.close()["candidates"]
     [journal] = (run.root / "work").glob(f"*{JOURNAL_SUFFIX}")
-    held = len(Journal(journal).done)
+    held = journaled()
     second, ledger = LazyPool(run_cfg, "cpu"), WorkLedger()
     try:
-        final, _, verdicts = size_and_filter(
-            run, run_cfg, chunk, "cpu", second, ledger, progress, list(chunk), []
-        )
+        final, _, verdicts = chunk_run(second, ledger, progress)
     finally:
         ran_second = second.close()["candidates"]
     rows = group_by_task(verdicts)
     return {
+        "ran_limited": ran_limited,
+        "journaled_limited": held_limited,
         "ran_first": ran_first,
         "journaled": held,
         "replayed": ledger.reused.get(JOBS, 0),

@@ -39,3 +39,12 @@ def test_once_stopped_stays_stopped() -> None:
     assert not clock.allows_next(60.0)
     clock.computed_s.clear()
     assert not clock.allows_next(0.0)
+
+
+def test_a_chunk_that_stops_itself_starts_while_time_is_left() -> None:
+    """The pipelined path starts no candidate past the limit, so no estimate holds it back."""
+    clock = ChunkClock(stop_at=100.0)
+    clock.record(80.0, computed=True)
+    assert clock.allows_next(90.0, stops_mid_chunk=True)
+    assert not clock.allows_next(90.0)
+    assert not clock.allows_next(0.0, stops_mid_chunk=True)  # stopped stays stopped

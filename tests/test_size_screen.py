@@ -122,11 +122,13 @@ def test_a_candidate_killed_before_it_claims_a_size_is_sized_by_separate_probes(
     assert hung["jobs"] == 4, hung["jobs"]
 
 
-def test_a_chunk_interrupted_mid_way_resumes_from_its_journal(paths: dict) -> None:
-    """Killed after three candidates, the chunk's settled jobs are on disk; the resumed run
+def test_a_chunk_stopped_or_killed_mid_way_resumes_from_its_journal(paths: dict) -> None:
+    """At its time limit the chunk starts no candidate and finishes those begun, every job
+    journaled; killed later mid-way, its settled jobs are on disk too; the resumed run
     replays them instead of running them and decides as an uninterrupted inline run."""
     resumed, inline = paths["resumed"], paths["inline"]
-    assert resumed["journaled"] >= 3, resumed
+    assert 1 <= resumed["journaled_limited"] == resumed["ran_limited"] < inline["jobs"], resumed
+    assert resumed["journaled"] >= resumed["journaled_limited"] + 3, resumed
     assert resumed["replayed"] == resumed["journaled"]
     # nothing settled runs twice: the second pool ran what the journal did not hold
     assert resumed["ran_second"] == inline["jobs"] - resumed["journaled"], resumed
@@ -134,4 +136,18 @@ def test_a_chunk_interrupted_mid_way_resumes_from_its_journal(paths: dict) -> No
     for (got_id, got), (want_id, want) in zip(resumed["final"], inline["final"], strict=True):
         assert got_id == want_id
         assert resumed["verdicts"][got_id] == inline["verdicts"][want_id]
+        assert (got or {}).get("chosen") == (want or {}).get("chosen")
+
+
+def test_the_next_chunks_first_jobs_run_on_workers_the_tail_leaves_idle(paths: dict) -> None:
+    """Started while the first chunk's last job runs, taken over by the second chunk's
+    pipeline: no job runs twice, and the second chunk decides as it does alone."""
+    ahead, inline = paths["ahead"], paths["inline"]
+    assert ahead["taken_over"] >= 1, ahead
+    # the same candidates as the inline path's chunk but the one static checks reject
+    assert ahead["jobs"] == inline["jobs"], (ahead["jobs"], inline["jobs"])
+    same = [inline["final"][i] for i in (0, 1, 2, 3, *TWINS)]
+    for (got_id, got), (want_id, want) in zip(ahead["final"], same, strict=True):
+        assert got_id == want_id
+        assert ahead["verdicts"][got_id] == inline["verdicts"][want_id]
         assert (got or {}).get("chosen") == (want or {}).get("chosen")
