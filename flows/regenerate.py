@@ -97,8 +97,9 @@ def regenerate(
             need = cfg.target - filled(accepted, quota)
             if need <= 0 or clock.stopped:
                 break
-            mix = None  # the first round draws the configured mix
-            if round_index > 0:  # later ones the sources still short of their quota
+            # the first round draws the configured mix, later ones the sources still short
+            mix, wanted = None, math.ceil(need * cfg.compose.oversample)
+            if round_index > 0:
                 done = [t for t in candidates if t.id in screened]
                 plan = round_plan(
                     shortfall(accepted, quota),
@@ -110,9 +111,7 @@ def regenerate(
                 if not plan:
                     break
                 mix = {source: float(n) for source, n in plan.items()}
-            wanted = (
-                math.ceil(need * cfg.compose.oversample) if mix is None else int(sum(mix.values()))
-            )
+                wanted = sum(plan.values())
             produced = [t.ops for t in candidates]
             progress(f"compose round {round_index}", 0, wanted)
             with ledger.timed("compose"):
@@ -127,20 +126,20 @@ def regenerate(
             composed = [t for t in drawn.kept() if t.id in fresh]
             for start in range(0, len(composed), cfg.chunk_size):
                 chunk = composed[start : start + cfg.chunk_size]
-                # a chunk already on disk is only read: the time limit never skips it
-                on_disk = pipelined(cfg) and finished(
-                    run, cfg, chunk, device, {t.id for t in candidates}
-                )
                 met = filled(accepted, quota) >= cfg.target
                 in_time = clock.allows_next(time.time(), stops_mid_chunk=pipelined(cfg))
-                if met or not (on_disk or in_time):
+                # a chunk already on disk is only read: the time limit never skips it
+                if met or not (
+                    in_time
+                    or pipelined(cfg)
+                    and finished(run, cfg, chunk, device, {t.id for t in candidates})
+                ):
                     unscreened |= {t.id for t in composed[start:]}
                     break
                 began, computed = time.time(), sum(ledger.computed.values())
                 pool_start = pool.start_seconds()
                 # the next chunk's first jobs may start on workers this chunk's tail leaves idle
-                after = composed[start + cfg.chunk_size : start + 2 * cfg.chunk_size]
-                ahead = after if pipelined(cfg) and not on_disk else None
+                ahead = composed[start + cfg.chunk_size : start + 2 * cfg.chunk_size]
                 try:
                     chunk, candidates, verdicts = size_and_filter(
                         run,
