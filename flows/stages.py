@@ -93,11 +93,14 @@ def compose_stage(
     round's sources still short of their quota) instead of ``compose.mix``. A result with
     unanswered requests is not stored, so a re-run asks again; the LLM reply cache
     (``compose.llm.cache_dir`` or ``<run>/llm-cache``) makes the answered ones free."""
+    from opsynth.synth.compose import COMPOSER_VERSION
     from opsynth.synth.composers import ComposeResult, run_composer
 
     produced = sorted(list(ops) for ops in produced or [])
     compose = cfg.compose if mix is None else cfg.compose.model_copy(update={"mix": mix})
+    # the composer's version too: a composer that now writes other tasks composes afresh
     parts = (compose.work_dump(), [s.id for s in seeds], round_index, n, produced)
+    parts = (*parts, COMPOSER_VERSION)
     key = digest(*parts)
     path = run.work_path(f"compose-r{round_index}", key)
     verdicts_path = run.work_path(f"compose-verdicts-r{round_index}", key)

@@ -283,11 +283,12 @@ class ComposeConfig(_Section):
         "dim, reduction...) tried before an operator's derived values",
     )
     tuple_output_share: float = Field(
-        default=0.08,
+        default=0.18,
         ge=0,
         le=1,
         description="share of chains that end on an operator returning a tuple (topk, LSTM, "
-        "max(dim)) and return all of it; elsewhere such an operator continues on one element",
+        "max(dim)) and return all of it; elsewhere such an operator continues on one element. "
+        "Above Ops-6K's ~10% because the filters reject tuple-returning tasks more often",
     )
     int_input_share: float = Field(
         default=0.08,
@@ -297,11 +298,13 @@ class ComposeConfig(_Section):
         "inputs first (an index, a mask, integer operands), where it takes them",
     )
     multi_input_share: float = Field(
-        default=0.3,
+        default=0.2,
         ge=0,
         le=1,
-        description="chance that a later operator may take another batch-sized input (x + y) "
-        "as readily as a batch-free operand, which the task holds as a parameter",
+        description="chance that an operator may take another batch-sized input (x + y, "
+        "torch.cat([x, y]), a loss's target); otherwise it takes batch-free operands, which "
+        "the task holds as parameters, or another operator is drawn. Set so that about 15% "
+        "of accepted tasks have several inputs, as in Ops-6K",
     )
     batch_range: tuple[int, int] = Field(
         default=(2, 65536),

@@ -5,4 +5,4 @@ tasks; ``synth.compose`` chains catalogue seeds into KernelBench-format tasks wh
 solved by propagating them on the ``meta`` device, so no generated code is ever executed here.
 """
 
-__version__ = "0.2.1"
+__version__ = "0.3.0"

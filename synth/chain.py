@@ -1,13 +1,14 @@
 """A composed task before it is code: a chain of catalogue operators and how to run it.
 
 Each ``Link`` is one catalogue spec re-derived at the shape the running tensor has there. The
-first link's tensor arguments are all task inputs; a later link feeds the running tensor into
-its ``main`` argument and draws its other tensor arguments as further task inputs (a second
-operand, an index, a mask, a target). A link whose operator returns several tensors (``topk``,
-``nn.LSTM``, ``max(dim)``) continues on the element at ``pick``; the last link may return the
-whole tuple instead. ``execute`` runs a chain on real or meta tensors, so the same code path
-solves shapes, measures cost and checks values; the renderer (``synth.emit``) writes the same
-calls as source.
+first link's tensor arguments are all drawn; a later link feeds the running tensor into its
+``main`` argument and draws its other tensor arguments (a second operand, an index, a mask, a
+target). A drawn float tensor that does not follow the batch, other than the first, is held
+as a parameter (``weight_names``); every other drawn tensor is a task input. A link whose
+operator returns several tensors (``topk``, ``nn.LSTM``, ``max(dim)``) continues on the element
+at ``pick``; the last link may return the whole tuple instead. ``execute`` runs a chain on
+real or meta tensors, so the same code path solves shapes, measures cost and checks values;
+the renderer (``synth.emit``) writes the same calls as source.
 """
 
 from __future__ import annotations
@@ -69,15 +70,15 @@ class Chain:
 
 
 def weight_names(chain: Chain) -> set[str]:
-    """Inputs of later links that are float tensors independent of the batch (a bias-like
-    vector, a scalar operand): the task holds them as parameters, as hand-written tasks do,
-    rather than asking every call for them."""
-    first = {name for name, _ in expanded(chain.links[0])} if chain.links else set()
+    """Inputs that are float tensors independent of the batch (a weight, a bias-like vector,
+    a scalar operand), the chain's first input excepted: the task holds them as parameters, as
+    hand-written tasks do (``F.conv1d(x, self.weight)``, ``x / self.scale``), rather than
+    asking every call for them."""
+    drawn = [(name, arg) for link in chain.links for name, arg in expanded(link)]
     return {
         name
-        for link in chain.links[1:]
-        for name, arg in expanded(link)
-        if name not in first and arg.dtype == "float32" and not chain.batch_dims.get(name)
+        for name, arg in drawn[1:]
+        if name != drawn[0][0] and arg.dtype == "float32" and not chain.batch_dims.get(name)
     }
 
 

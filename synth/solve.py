@@ -201,12 +201,18 @@ def _takes_integers(spec: CatalogSpec) -> bool:
     return any(a.tensor and a.dtype in ("int64", "bool") for a in spec.args)
 
 
-def _adds_input(spec: CatalogSpec, running: tuple[int, ...]) -> bool:
-    """Whether a later link's argument set asks for another batch-sized input (rather than
-    a batch-free operand, which the task holds as a parameter)."""
-    main = main_index(spec, "float32")
+def _adds_input(spec: CatalogSpec, running: tuple[int, ...], first: bool = False) -> bool:
+    """Whether an argument set asks for another batch-sized input besides the running
+    tensor (a later link's ``main``, the first link's first tensor), rather than batch-free
+    operands, which the task holds as parameters."""
+    main = next((i for i, a in enumerate(spec.args) if a.tensor), None)
+    if not first:
+        main = main_index(spec, "float32")
     return any(
-        a.tensor and i != main and a.shape[:1] == running[:1] and len(a.shape) >= len(running)
+        a.tensor
+        and (i != main or a.count > 1)  # a tensor list's further elements are inputs too
+        and a.shape[:1] == running[:1]
+        and len(a.shape) >= len(running)
         for i, a in enumerate(spec.args)
     )
 
@@ -347,11 +353,16 @@ class Solver:
         integer_first = not position and self.rng.random() < self.cfg.int_input_share
         if integer_first:
             order.sort(key=lambda i: not _takes_integers(specs[i]))
-        elif position and self.rng.random() >= self.cfg.multi_input_share:
-            order.sort(key=lambda i: (_form(specs[i]) != form, _adds_input(specs[i], target)))
+        elif self.rng.random() >= self.cfg.multi_input_share:
+            # this link adds no batch-sized input: an operator that needs one is not taken
+            # here, so the chain grows with another (multi-input tasks stay as rare as drawn)
+            order = [i for i in order if not _adds_input(specs[i], target, not position)]
+            order.sort(key=lambda i: _form(specs[i]) != form)
         else:
             order.sort(key=lambda i: _form(specs[i]) != form)
         last = Degenerate("unsolvable", f"{seed.spec.name} has no arguments for {target}")
+        if not order:
+            last = Degenerate("multi_input", f"{seed.spec.name} takes another batch-sized input")
         for index in order[: self.cfg.solve_attempts]:
             base = specs[index]
             main = main_index(base, dtype) if position else None

@@ -22,6 +22,16 @@ def test_release_config_asks_for_ops6k() -> None:
     assert cfg.seeds.cache_dir == "none"  # the catalogue travels in the run directory
 
 
+def test_committed_catalogue_is_the_one_the_run_reads() -> None:
+    """The seed catalogue extracted on the GPU host travels with the run: the copy the run
+    reads (``run/catalogue``) is the keyed work copy, and it holds both seed libraries."""
+    [keyed] = (RUN / "work").glob("catalogue-*")
+    seeds = read_tasks(RUN / "catalogue" / "seeds.parquet")
+    assert [t.id for t in seeds] == [t.id for t in read_tasks(keyed / "seeds.parquet")]
+    sources = {t.data_source for t in seeds}
+    assert len(seeds) > 1000 and {"torch#1", "transformers"} <= sources, sources
+
+
 @pytest.fixture(scope="module")
 def manifest() -> dict:
     if not (RUN / "run.json").is_file():

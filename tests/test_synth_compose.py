@@ -459,7 +459,10 @@ def test_a_loss_alone_takes_its_input_and_target(catalogue_seeds):
     for task in composed(catalogue_seeds, "nn.MSELoss", mix={"torch#1": 1.0}):
         out, inputs = run_task(task)
         x, target = inputs.values()
-        assert target.dtype == torch.float32 and target.shape == x.shape == out.shape
+        # a float target, or (a chain's first operator tried with integer inputs first,
+        # compose.int_input_share) the integer one the catalogue validated the loss with
+        assert x.dtype == torch.float32 and target.dtype in (torch.float32, torch.int64)
+        assert target.shape == x.shape == out.shape
 
 
 def test_dropout_is_composed_as_a_deterministic_identity(catalogue_seeds):
@@ -485,7 +488,8 @@ def test_a_full_reduction_without_a_reduction_argument_may_end_in_a_scalar(catal
 
 @pytest.mark.parametrize("op", ["F.pad", "F.interpolate"])
 def test_padding_and_interpolation_change_the_spatial_size(catalogue_seeds, op):
-    for task in composed(catalogue_seeds, op, mix={"torch#1": 1.0}):
+    # on a batch of images (a rank-2 input has no spatial dims: F.pad pads its batch too)
+    for task in composed(catalogue_seeds, op, mix={"torch#1": 1.0}, rank_weights={4: 1.0}):
         out, inputs = run_task(task)
         (x,) = inputs.values()
         assert out.shape[:2] == x.shape[:2] and out.shape[2:] != x.shape[2:], task.code
@@ -515,7 +519,11 @@ def test_rank_5_inputs(catalogue_seeds):
 
 
 def test_rank_1_index_inputs(catalogue_seeds):
-    tasks = composed(catalogue_seeds, "nn.Embedding", mix={"torch#1": 1.0}, rank_weights={1: 1.0})
+    # one task: a single-operator source has one op sequence, so a second task is only a
+    # last-round redraw, which may repeat the first
+    tasks = composed(
+        catalogue_seeds, "nn.Embedding", n=1, mix={"torch#1": 1.0}, rank_weights={1: 1.0}
+    )
     for task in tasks:
         out, inputs = run_task(task)
         (x,) = inputs.values()
@@ -535,3 +543,45 @@ def test_rank_1_float_inputs(catalogue_seeds):
         out, inputs = run_task(task)
         (x,) = inputs.values()
         assert x.dim() == 1 and out.shape == x.shape
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_multi_input_share_decides_whether_an_operator_takes_a_second_batch_input(
+    catalogue_seeds, share
+):
+    tasks = composed(
+        catalogue_seeds,
+        "torch.add",
+        "torch.cat",
+        "torch.tanh",
+        "torch.relu",
+        n=8,
+        mix={"torch#2": 1.0},
+        multi_input_share=share,
+        int_input_share=0.0,
+    )
+    inputs = [len(run_task(task)[1]) for task in tasks]
+    if share == 0.0:
+        # torch.cat (whose list is batch-sized) is never taken; torch.add's operand, when it
+        # has one, does not follow the batch and is a parameter
+        assert inputs == [1] * 8 and not any("torch.cat" in t.ops for t in tasks), inputs
+    else:
+        assert max(inputs) > 1, inputs
+
+
+def test_a_first_operators_batch_free_operand_is_a_parameter(catalogue_seeds):
+    tasks = composed(
+        catalogue_seeds,
+        "torch.bmm",
+        "torch.add",
+        "torch.tanh",
+        n=8,
+        mix={"torch#2": 1.0},
+        multi_input_share=0.0,
+        int_input_share=0.0,
+    )
+    held = [t for t in tasks if "nn.Parameter(" in t.code]
+    assert held, [t.code for t in tasks]
+    for task in held:
+        model, inputs = load(task.code)
+        assert len(inputs) == 1 and any(True for _ in model.parameters()), task.code
