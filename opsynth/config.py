@@ -240,9 +240,11 @@ class ComposeConfig(_Section):
         default=(8, 16), description="depth/height/width of 5-D inputs"
     )
     rank_weights: dict[int, float] = Field(
-        default={1: 0.03, 2: 0.09, 3: 0.29, 4: 0.54, 5: 0.05},
+        default={1: 0.1, 2: 0.25, 3: 0.29, 4: 0.54, 5: 0.015},
         description="input rank -> relative weight, among the ranks a chain's first operator "
-        "accepts",
+        "accepts; set so that accepted tasks' input ranks come near Ops-6K's (the filters "
+        "reject rank-2 tasks more often, and rank-5 inputs also come from operators validated "
+        "at rank 5)",
     )
     probe_rank_bonus: float = Field(
         default=2.0,
