@@ -50,11 +50,29 @@ def _attr(spec: CatalogSpec, attrs: set[str]) -> str:
     return name
 
 
+# Literals that build a tensor when the forward runs (``torch.bucketize``'s boundaries).
+TENSOR_FACTORIES = ("torch.linspace(", "torch.arange(", "torch.tensor(")
+
+
+def _on_device(text: str, anchor: str | None) -> str:
+    """A tensor a literal builds in ``forward`` goes where the call's tensors are: a bare
+    factory builds it on the CPU, beside a model and inputs on the GPU."""
+    if anchor is None or not text.startswith(TENSOR_FACTORIES) or not text.endswith(")"):
+        return text
+    return f"{text[:-1]}, device={anchor}.device)"
+
+
 def _call_parts(link: Link, weights: set[str]) -> list[str]:
     parts = []
 
     def ref(name: str) -> str:
         return f"self.{name}" if name in weights else name
+
+    anchor = None  # the call's first single tensor argument, as written
+    for i, (arg, name) in enumerate(zip(link.spec.args, link.inputs, strict=True)):
+        if arg.tensor and not arg.count:
+            anchor = "x" if i == link.main else (ref(name) if name else None)
+            break
 
     for i, (arg, name) in enumerate(zip(link.spec.args, link.inputs, strict=True)):
         if arg.tensor and arg.count and name is not None:
@@ -67,7 +85,7 @@ def _call_parts(link: Link, weights: set[str]) -> list[str]:
         elif name is not None:
             text = ref(name)
         else:
-            text = literal(arg.value)
+            text = _on_device(literal(arg.value), anchor)
         parts.append(f"{arg.name}={text}" if arg.keyword else text)
     return parts
 

@@ -589,3 +589,18 @@ def test_a_first_operators_batch_free_operand_is_a_parameter(catalogue_seeds):
     for task in held:
         model, inputs = load(task.code)
         assert len(inputs) == 1 and any(True for _ in model.parameters()), task.code
+
+
+def test_a_tensor_built_from_a_literal_is_built_where_the_call_runs():
+    """``torch.bucketize``'s boundaries are a literal the forward builds: on the device of the
+    call's input, not on the CPU beside a model moved to the GPU."""
+    from opsynth.synth.catalog.extract import seeds_in_process
+
+    seeds = seeds_in_process(["torch.bucketize", "torch.searchsorted", "torch.tanh"])
+    for op in ("torch.bucketize", "torch.searchsorted"):
+        tasks = composed(seeds, op, "torch.tanh", n=4, mix={"torch#2": 1.0})
+        with_op = [task for task in tasks if op in task.ops]
+        assert with_op, [t.ops for t in tasks]
+        for task in with_op:
+            assert "torch.linspace(-2, 2, 9, device=x.device)" in task.code, task.code
+            run_task(task)
