@@ -13,8 +13,9 @@ literal is rewritten in place, so the rest of the code is untouched. Tasks witho
 constant pass through unchanged, and the reason is recorded.
 
 With ``max_device_gib`` set, the probe's device-memory peak (on a GPU) caps the size too: a
-task never grows past the batch its measured memory allows, one already over the cap shrinks,
-and the chosen size is one that measured within the cap when any did. Memory is a fixed part
+task never grows past the batch its measured memory allows (a power of two, or 1.5 times one
+when that still fits), one already over the cap shrinks, and the chosen size is one that
+measured within the cap when any did. Memory is a fixed part
 (weights, the L2 flush buffer) plus a part linear in the batch, so scaling the reading of the
 largest batch measured so far in proportion errs on the safe side for any larger batch, and is
 the tightest such estimate: the small first probe is mostly the fixed part (0.13 of 0.18 GiB
@@ -184,13 +185,25 @@ def next_value(value: int, ms: float, target: float, cfg: Rule) -> int:
     return int(min(2 ** round(math.log2(wanted)), cfg.max_value))
 
 
+def on_ladder(value: int) -> bool:
+    """Whether ``value`` is a size the search may choose besides the composed one: a power of
+    two, or three times one (the rung under the memory cap)."""
+    odd = value // (value & -value) if value > 0 else 0
+    return odd in (1, 3)
+
+
 def memory_limit(value: int, device_gib: float, cap_gib: float) -> int:
-    """The largest power of two whose memory, scaled linearly from ``value``'s measured
-    ``device_gib``, stays within ``cap_gib`` (at least 1)."""
+    """The largest power of two, or three times one, whose memory, scaled linearly from
+    ``value``'s measured ``device_gib``, stays within ``cap_gib`` (at least 1). The 1.5x rung:
+    a cheap memory-bound chain stopped at the power of two below the cap can run just under
+    the window's lower edge, where 1.5 times its batch would be inside it."""
     if device_gib <= 0:
         return NO_LIMIT
     allowed = value * cap_gib / device_gib
-    return 2 ** math.floor(math.log2(allowed)) if allowed >= 1 else 1
+    if allowed < 1:
+        return 1
+    power = 2 ** math.floor(math.log2(allowed))
+    return power * 3 // 2 if power >= 2 and power * 3 // 2 <= allowed else power
 
 
 def _memory_limit(steps: list[dict[str, Any]], cap_gib: float) -> int:
@@ -410,8 +423,8 @@ def claimed(task: Task, claim: Any, device: str, window: tuple[float, float], cf
     with ``meta["sizing"]`` as ``Sizer`` writes it plus ``"measured": "in_filter_process"``.
     The claim is untrusted: only its chosen value is used, to rewrite the literal here, and it
     must be a value the search could have chosen (the composed one, or a measured power of two
-    within ``max_value``); the steps are kept as the candidate reported them, their known
-    fields only. ValueError, with the reason, for anything else."""
+    or three times one within ``max_value``); the steps are kept as the candidate reported
+    them, their known fields only. ValueError, with the reason, for anything else."""
     knob = find_knob(task.code, cfg.constant_names)
     if knob is None:
         raise ValueError("a sizing claim for a task without a size constant")
@@ -426,8 +439,11 @@ def claimed(task: Task, claim: Any, device: str, window: tuple[float, float], cf
         raise ValueError("the sizing claim's first step is not the composed size")
     if type(value) is not int or value not in values:
         raise ValueError(f"the sizing claim chose {value!r}, which it did not measure")
-    if value != knob.value and not (0 < value <= cfg.max_value and value & (value - 1) == 0):
-        raise ValueError(f"the sizing claim chose {value}, not a power of two within max_value")
+    if value != knob.value and not (0 < value <= cfg.max_value and on_ladder(value)):
+        raise ValueError(
+            f"the sizing claim chose {value}, not a power of two (or three times one) within "
+            "max_value"
+        )
     record = {**_record(knob, steps, device, target_ms(window), cfg), "chosen": value}
     record["measured"] = "in_filter_process"
     base = task if value == knob.value else _variant(task, knob, value)

@@ -260,12 +260,13 @@ def test_sizes_straddling_the_target_are_bisected() -> None:
 def test_the_memory_limit_follows_the_largest_measured_batch() -> None:
     """The first probe is mostly fixed memory (0.25 GiB base at 64 rows), so its linear estimate
     is far too pessimistic; each larger measurement refines the limit, and the task grows to
-    the largest power of two that fits 4 GiB (3840 rows would; 2048 is the power of two)."""
+    the largest power of two, or three times one, that fits 4 GiB (3840 rows would; 3072 is
+    that rung, 2048 the power of two below it)."""
     cfg = CFG.model_copy(update={"max_device_gib": 4.0})
     measure, calls = linear_device(per_row_ms=0.0002, per_row_gib=1 / 1024)
     [out] = size_tasks([task(64)], measure, WINDOW, cfg)
     record = out.meta["sizing"]
-    assert calls[0] == 64 and record["chosen"] == 2048
+    assert calls[0] == 64 and record["chosen"] == 3072
     assert all(st["device_gib"] <= 4.0 for st in record["steps"])
 
 
@@ -310,7 +311,7 @@ def test_a_claim_is_applied_here_and_recorded_as_the_processs() -> None:
         None,
         {},
         {"chosen": 3, "steps": steps((8, 0.1), (64, 9.0))},  # never measured
-        {"chosen": 48, "steps": steps((8, 0.1), (48, 9.0))},  # not a power of two
+        {"chosen": 40, "steps": steps((8, 0.1), (40, 9.0))},  # not a power of two (or 3x one)
         {"chosen": 64, "steps": steps((16, 0.1), (64, 9.0))},  # did not start as composed
         {"chosen": 1 << 30, "steps": steps((8, 0.1), (1 << 30, 9.0))},  # over max_value
         {"chosen": True, "steps": steps((8, 0.1))},
@@ -408,3 +409,17 @@ def test_on_the_gpu_a_candidate_is_sized_and_filtered_in_one_process() -> None:
     assert bad[0].reason == "cuda_error", bad[0].detail
     assert bad[0].measures["sizing"]["poisoned"] is True
     assert bad[0].measures["sizing"]["chosen"] == 8
+
+
+def test_under_the_memory_cap_a_task_takes_the_one_and_a_half_rung() -> None:
+    """A cheap memory-bound task whose power of two under the cap runs just below the target
+    grows to 1.5 times it when that still fits: 3 GiB per 1024 rows under an 8 GiB cap allows
+    2730 rows, so 2048 is the power of two and 3072 would not fit; under 10 GiB, 3072 does."""
+    for cap, chosen in ((8.0, 2048), (10.0, 3072)):
+        cfg = CFG.model_copy(update={"max_device_gib": cap})
+        measure, _ = linear_device(per_row_ms=0.0001, per_row_gib=3 / 1024)
+        [out] = size_tasks([task(64)], measure, WINDOW, cfg)
+        assert out.meta["sizing"]["chosen"] == chosen, out.meta["sizing"]
+    # and a candidate's own process may claim that rung
+    rung = claimed(task(8), {"chosen": 48, "steps": steps((8, 0.1), (48, 9.0))}, "cpu", WINDOW, CFG)
+    assert rung.meta["sizing"]["chosen"] == 48
