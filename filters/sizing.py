@@ -15,13 +15,12 @@ constant pass through unchanged, and the reason is recorded.
 With ``max_device_gib`` set, the probe's device-memory peak (on a GPU) caps the size too: a
 task never grows past the batch its measured memory allows (a power of two, or 1.5 times one
 when that still fits), one already over the cap shrinks, and the chosen size is one that
-measured within the cap when any did. Memory is a fixed part
-(weights, the L2 flush buffer) plus a part linear in the batch, so scaling the reading of the
-largest batch measured so far in proportion errs on the safe side for any larger batch, and is
-the tightest such estimate: the small first probe is mostly the fixed part (0.13 of 0.18 GiB
-on an H200), and a limit kept from it stopped tasks at a quarter of the cap.
-Sized to fill the window on a large GPU, tasks otherwise hold tens of GB each, and a GPU shared
-by many filter (or evaluation) workers runs out of memory.
+measured within the cap when any did. Memory is a fixed part (weights, the L2 flush buffer)
+plus a part linear in the batch, so scaling the reading of the largest batch measured so far
+in proportion errs on the safe side for any larger batch, and is the tightest such estimate:
+the small first probe is mostly the fixed part, and a limit kept from it stopped tasks at a
+quarter of the cap. Sized to fill the window on a large GPU, tasks otherwise hold tens of GB
+each, and a GPU shared by many filter (or evaluation) workers runs out of memory.
 
 ``Search`` is one task's search over its knob's values, the rule itself; ``Sizer`` runs many
 searches over ``Task`` variants for the orchestrator's drivers, and ``filters.size_inline``

@@ -98,10 +98,10 @@ def compose_stage(
 
     produced = sorted(list(ops) for ops in produced or [])
     compose = cfg.compose if mix is None else cfg.compose.model_copy(update={"mix": mix})
-    # the composer's version too: a composer that now writes other tasks composes afresh
-    parts = (compose.work_dump(), [s.id for s in seeds], round_index, n, produced)
-    parts = (*parts, COMPOSER_VERSION)
-    key = digest(*parts)
+    # with the composer's version: a composer that now writes other tasks composes afresh
+    key = digest(
+        compose.work_dump(), [s.id for s in seeds], round_index, n, produced, COMPOSER_VERSION
+    )
     path = run.work_path(f"compose-r{round_index}", key)
     verdicts_path = run.work_path(f"compose-verdicts-r{round_index}", key)
     if path.exists() and verdicts_path.exists():
