@@ -22,6 +22,7 @@ spent to look slower is real time under the harness. Standard library only.
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
 from opsynth.filters import judge as j
@@ -49,6 +50,7 @@ def judge(ctx: j.JudgeContext) -> None:
 
 def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     """(reason, detail, measures) of the re-check; reason "ok" when every fact holds."""
+    started = time.perf_counter()
     overhead = min(peer.request("ping")[1] for _ in range(PINGS))
     first, second, positions = j.seed(), j.seed(), j.seed()
 
@@ -107,6 +109,9 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     if why:
         measures["diff"] = j.finite(worst)
         return "compile_mismatch", f"compiled against eager: {why}", measures
+    # where a candidate's verify time goes, by this process's clock: the checks before the
+    # timed runs, the wait for the GPU to itself (other workers' timers), the timed runs
+    measures["checks_s"] = round(time.perf_counter() - started, 4)
     return _window(peer, s, overhead, measures)
 
 
@@ -117,7 +122,8 @@ def _window(
     factor = float(s.get("speed_factor", 1.0))
     peer.request("run", which="eager")  # warm after the compiled run
     runs, cycles = [], []
-    peer.request("lock")
+    measures["lock_wait_s"] = round(peer.request("lock")[1], 4)
+    timed_from = time.perf_counter()
     try:
         for _ in range(TIMED_RUNS):
             peer.request("flush")
@@ -127,6 +133,7 @@ def _window(
             cycles.append(ran + sampled)
     finally:
         peer.request("unlock")
+    measures["timed_s"] = round(time.perf_counter() - timed_from, 4)
     # The forward's request alone for the lower edge; with the sample that follows it (which
     # cannot answer before the output is whole) for the upper one, so work deferred past the
     # forward's reply still counts against too_slow.

@@ -430,3 +430,8 @@ def test_a_task_that_replies_before_its_work_is_too_slow_by_the_workers_clock(ju
     assert runtime.passed and runtime.measures["eager_ms_median"] <= 20.0  # its own claim
     assert (rows[-1].stage, rows[-1].reason) == ("verify", "too_slow"), rows[-1].detail
     assert rows[-1].measures["judged_ms"] < 20.0 <= rows[-1].measures["judged_upper_ms"]
+    # where the re-check's time went, by the worker's clock: five timed runs, each paying the
+    # 50 ms of deferred work in its sample; the checks before them ran forwards too
+    measures = rows[-1].measures
+    assert measures["timed_s"] >= 5 * 0.05 and measures["checks_s"] >= 0.05
+    assert 0 <= measures["lock_wait_s"] < measures["timed_s"]
