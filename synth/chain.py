@@ -76,9 +76,7 @@ def weight_names(chain: Chain) -> set[str]:
     asking every call for them."""
     drawn = [(name, arg) for link in chain.links for name, arg in expanded(link)]
     return {
-        name
-        for name, arg in drawn[1:]
-        if name != drawn[0][0] and arg.dtype == "float32" and not chain.batch_dims.get(name)
+        name for name, arg in drawn[1:] if arg.dtype == "float32" and not chain.batch_dims.get(name)
     }
 
 

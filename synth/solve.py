@@ -205,8 +205,9 @@ def _adds_input(spec: CatalogSpec, running: tuple[int, ...], first: bool = False
     """Whether an argument set asks for another batch-sized input besides the running
     tensor (a later link's ``main``, the first link's first tensor), rather than batch-free
     operands, which the task holds as parameters."""
-    main = next((i for i, a in enumerate(spec.args) if a.tensor), None)
-    if not first:
+    if first:
+        main = next((i for i, a in enumerate(spec.args) if a.tensor), None)
+    else:
         main = main_index(spec, "float32")
     return any(
         a.tensor
