@@ -82,7 +82,6 @@ def one_run(args: argparse.Namespace) -> None:
         cache_dir=cache,
         max_workers_per_gpu=args.workers_per_gpu,
         candidates_per_process_cuda=args.candidates_per_process,
-        prepare_audit_ahead=args.prepare_audit_ahead,
     )
     cfg = cfg.with_section(
         "runner", kind="dask", workers=args.one, shards_per_worker=args.shards_per_worker
@@ -355,12 +354,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=FiltersConfig().candidates_per_process_cuda,
         help="candidates one process may run in turn (filters.candidates_per_process_cuda)",
     )
-    parser.add_argument(
-        "--prepare-audit-ahead",
-        action="store_true",
-        help="spares prepare the state audit's baseline while they wait "
-        "(filters.prepare_audit_ahead)",
-    )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
     parser.add_argument("--borderline", type=float, default=0.1, help="relative window slack")
     parser.add_argument("--out", type=Path, default=Path("multi_gpu"))
@@ -505,7 +498,6 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
         "shards_per_worker": args.shards_per_worker,
         "workers_per_gpu": args.workers_per_gpu,
         "candidates_per_process": args.candidates_per_process,
-        "prepare_audit_ahead": args.prepare_audit_ahead,
         "runs": [
             {
                 "gpus": r["gpus"],
@@ -537,7 +529,7 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
 
 def _pool_summary(stats: dict[str, Any]) -> dict[str, Any]:
     keys = ("workers", "start_s", "candidates", "child_prestarted", "child_reused")
-    keys += ("audit_prepare_s", "audit_prepared_ahead", "first_result_at", "last_result_at")
+    keys += ("audit_prepare_s", "first_result_at", "last_result_at")
     return {**{k: stats.get(k) for k in keys}, "child_retired": stats.get("child_retired")}
 
 
@@ -561,7 +553,6 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
         str(args.out),
         "--device",
         args.device,
-        *(["--prepare-audit-ahead"] if args.prepare_audit_ahead else []),
     ]
 
 

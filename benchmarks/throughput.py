@@ -373,7 +373,6 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
         "prestart_child": cfg.prestart_child,
         "batch_timers": cfg.batch_timers,
         "candidates_per_process": cfg.candidates_per_process(device),
-        "prepare_audit_ahead": cfg.prepare_audit_ahead,
         "sizing_max_device_gib": args.max_device_gib,
         "candidates": counts | {"total": n, "kept": pool["kept"]},
         "pool": {
@@ -399,7 +398,6 @@ def summarise(args, counts, cfg, device, pool, naive, alone) -> dict[str, Any]:
             },
             "retired_by_audit": pool["stats"].get("child_retired") or {},
             "audit_prepare_s": round(pool["stats"].get("audit_prepare_s") or 0.0, 1),
-            "audit_prepared_ahead": pool["stats"].get("audit_prepared_ahead") or 0,
         },
         "naive": {
             "subset": done,
@@ -503,9 +501,8 @@ def table(s: dict[str, Any]) -> str:
             "; ".join(f"{k}: {v}" for k, v in p.get("retired_by_audit", {}).items()) or "none",
         ),
         (
-            "audit baselines: candidates' wait s; found prepared ahead"
-            + ("" if s.get("prepare_audit_ahead") else " (prepare ahead off)"),
-            f"{p.get('audit_prepare_s')}; {p.get('audit_prepared_ahead')}",
+            "audit baselines: candidates' wait s",
+            f"{p.get('audit_prepare_s')}",
         ),
         (
             "re-run for memory (sizing + filters): tasks; seconds, of them in the filters",
@@ -634,12 +631,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "filters.candidates_per_process_cuda or _cpu, by device)",
     )
     parser.add_argument(
-        "--prepare-audit-ahead",
-        action="store_true",
-        help="spares prepare the state audit's baseline while they wait "
-        "(filters.prepare_audit_ahead)",
-    )
-    parser.add_argument(
         "--size-only",
         action="store_true",
         help="write the sized candidate set (candidates.parquet) and stop: no filtering, "
@@ -675,7 +666,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cache_dir=cache,
         prestart_child=args.prestart,
         batch_timers=args.batch_timers,
-        prepare_audit_ahead=args.prepare_audit_ahead,
         **per_process_setting(args.candidates_per_process, device),
     )
     fixed, composed, counts = candidate_set(args)

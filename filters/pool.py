@@ -270,9 +270,8 @@ class WorkerPool:
             "child_unresponsive": 0,
             "child_reused": 0,
             # Seconds candidates waited for their process's audit baseline (the tiny compile a
-            # reusable process does first), and how many found it prepared ahead.
+            # reusable process does first).
             "audit_prepare_s": 0.0,
-            "audit_prepared_ahead": 0,
             # Processes that could have taken a further candidate (candidates_per_process_*) but
             # were retired, by the audit's first finding with numbers masked.
             "child_retired": {},
@@ -748,8 +747,6 @@ class WorkerPool:
                 in_fd=to_r,
                 out_fd=from_w,
                 prestart=self.cfg.prestart_child,
-                prepare_ahead=self.cfg.prepare_audit_ahead
-                and self.cfg.candidates_per_process(self.device) > 1,
                 identity=self._identity,
                 packages=self._packages,
             )
@@ -955,7 +952,6 @@ class WorkerPool:
             if event.get("retired"):
                 _count_retirement(self.stats["child_retired"], str(event["retired"]))
             self.stats["audit_prepare_s"] += float(event.get("prepare_s") or 0.0)
-            self.stats["audit_prepared_ahead"] += event.get("prepared_ahead") is True
             self._finish(worker, list(event.get("verdicts") or []))
             worker.served += 1
             worker.state = "idle"

@@ -154,12 +154,9 @@ def worker_env(
     return env
 
 
-def worker_command(
-    *, in_fd: int, out_fd: int, device: str, prestart: bool, prepare_ahead: bool = False
-) -> list[str]:
+def worker_command(*, in_fd: int, out_fd: int, device: str, prestart: bool) -> list[str]:
     """The worker's own command line (inside the sandbox or not)."""
     flags = ["--prestart"] if prestart else []
-    flags += ["--prepare-ahead"] if prepare_ahead else []
     return [
         sys.executable,
         "-P",  # never put the working directory (the candidate's /tmp) on sys.path
@@ -361,14 +358,11 @@ def launch_command(
     in_fd: int,
     out_fd: int,
     prestart: bool,
-    prepare_ahead: bool = False,
     identity: privilege.Identity | None = None,
     packages: tuple[str, ...] = SANDBOX_PACKAGES,
 ) -> Command:
     """How to start one worker: in the sandbox, or (``kind`` "rlimits", unsafe) directly."""
-    command = worker_command(
-        in_fd=in_fd, out_fd=out_fd, device=device, prestart=prestart, prepare_ahead=prepare_ahead
-    )
+    command = worker_command(in_fd=in_fd, out_fd=out_fd, device=device, prestart=prestart)
     if kind != "bwrap":
         return Command(command, ())
     options = bwrap_options(

@@ -143,39 +143,6 @@ def prepare(device: str) -> None:
     torch._dynamo.reset()
 
 
-class Preparation:
-    """``prepare`` on a thread of its own, started by a prestarted process while it waits for
-    its job, so that its first candidate does not wait for the tiny compile. ``after`` runs
-    first on that thread (waiting for the CUDA context: the compile needs it, and its thread
-    must be gone before the baseline is taken). ``wait`` joins the thread and raises what it
-    raised; the baseline itself is taken afterwards, on the main thread, so it does not list
-    this thread."""
-
-    def __init__(self, device: str, after: Callable[[], object] | None = None) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(device, after), name="opsynth-audit-prepare", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, device: str, after: Callable[[], object] | None) -> None:
-        try:
-            if after is not None:
-                after()
-            prepare(device)
-        except BaseException as exc:  # re-raised by wait(), on the thread that needs it
-            self._error = exc
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
 def snapshot(device: str = "cpu") -> Snapshot:
     """The audited state now. Taken once per process before its first candidate; each later
     snapshot is compared with that one."""

@@ -130,16 +130,9 @@ class Worker:
         host_pidns: str,
         preimport: bool = True,
         prestart: bool = False,
-        prepare_ahead: bool = False,
     ) -> None:
         self.preimport = preimport
         self.prestart = prestart
-        # Whether the next spare starts the audit's preparation before its job comes
-        # (``filters.prepare_audit_ahead``): as allowed at first, then as the last candidate
-        # was reusable (a harness job is not: its spare would compile for nothing). A child
-        # forked for a job at hand gains nothing from it.
-        self.prepare_ahead = prepare_ahead
-        self._ahead_next = prepare_ahead
         # The prestarted child, waiting for its job; and the parent-side fds of all children.
         self._spare: _Child | None = None
         # The child kept after its candidate passed the audit, waiting for the next job; and
@@ -156,10 +149,8 @@ class Worker:
         # Why the last candidate's process was not kept for the next one, though it could have
         # been (the audit's first finding, "census" or "no audit"); "" when kept or not eligible.
         self.last_retired = ""
-        # Seconds the last candidate waited for its process's audit baseline, and whether the
-        # baseline was ready (prepared ahead) when the job came.
+        # Seconds the last candidate waited for its process's audit baseline.
         self.last_prepare_s = 0.0
-        self.last_prepared_ahead = False
         self._refusal = ""
         self.in_fd = in_fd
         self.out_fd = out_fd
@@ -314,7 +305,6 @@ class Worker:
             "child": self.last_child,
             "retired": self.last_retired,
             "prepare_s": round(self.last_prepare_s, 3),
-            "prepared_ahead": self.last_prepared_ahead,
         }
 
     def calibrate(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -380,8 +370,6 @@ class Worker:
         log_path = os.path.join(workdir, LOG_FILE)
         job = {**job, "workdir": workdir, "log_path": log_path}
         reusable = reusable_for(settings)
-        if job["kind"] == "eval":
-            self._ahead_next = self.prepare_ahead and reusable  # for the spare forked next
         child, started = self._reuse_kept(job)
         if child is None:
             child, started = self._start_child(job)
@@ -512,7 +500,7 @@ class Worker:
             started = self._hand_over(child, job, refusable=False)
         if self.prestart:
             with contextlib.suppress(OSError):  # no fork to spare (a process limit): go without
-                self._spare = self._fork_child(prepare_ahead=self._ahead_next)
+                self._spare = self._fork_child()
         return child, started
 
     def _reuse_kept(self, job: dict[str, Any]) -> tuple[_Child | None, bytes | None]:
@@ -547,14 +535,16 @@ class Worker:
         procs = self._census(child.pid)
         return "" if [proc for proc, _, _ in procs] == [child.pid] else "census"
 
-    def _fork_child(self, prepare_ahead: bool = False) -> _Child:
-        """Fork a child that waits for its job; on CUDA it creates its context meanwhile, and
-        with ``prepare_ahead`` (a spare) it prepares the audit's baseline too."""
+    def _fork_child(self) -> _Child:
+        """Fork a child that waits for its job; on CUDA it creates its context meanwhile. It
+        compiles nothing before its job (the audit's baseline included): until then it shares
+        the worker's temp dir, compile cache and all, with the candidate running now, which
+        could plant there what such a compile would load."""
         go_read, go_write = os.pipe()
         report_read, report_write = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
-            self._child(go_read, report_write, [go_write, report_read], prepare_ahead)
+            self._child(go_read, report_write, [go_write, report_read])
         os.close(go_read)
         os.close(report_write)
         return _Child(pid, go_write, report_read, self._child_fds)
@@ -616,7 +606,7 @@ class Worker:
         self._discard(spare)
 
     def _child(
-        self, go_fd: int, report_fd: int, parent_fds: list[int], prepare_ahead: bool
+        self, go_fd: int, report_fd: int, parent_fds: list[int]
     ) -> None:  # pragma: no cover - runs in the child
         status = 0
         try:
@@ -635,11 +625,6 @@ class Worker:
                 os.dup2(null, fd)
             os.close(null)
             early = self.device_init.start_device_init(self.device)
-            ahead = None
-            if prepare_ahead:
-                from opsynth.filters import state_audit
-
-                ahead = state_audit.Preparation(self.device, after=early.wait)
             emitter = Emitter(report_fd)
             baseline = None
             served = 0
@@ -657,23 +642,15 @@ class Worker:
                 if reuse and baseline is None:
                     from opsynth.filters import state_audit
 
-                    ready = ahead is not None and ahead.done
                     try:
-                        if ahead is None:
-                            early.wait()  # its thread is gone before the state is recorded
-                            state_audit.prepare(self.device)
-                        else:
-                            ahead.wait()
+                        early.wait()  # its thread is gone before the state is recorded
+                        state_audit.prepare(self.device)
                         baseline = state_audit.snapshot(self.device)
                     except BaseException:  # the harness's failure: no candidate code ran yet
                         detail = "preparing the audit's baseline: " + traceback.format_exc()
                         emitter.emit({"event": "error", "detail": detail[-1500:]})
                         raise
-                    emitter.emit({"event": "prepared", "ahead": ready})
-                elif ahead is not None:
-                    with contextlib.suppress(BaseException):
-                        ahead.wait()  # nothing of ours may run beside a job without a baseline
-                ahead = None
+                    emitter.emit({"event": "prepared"})
                 workdir = job["workdir"]
                 log = os.open(job["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 os.dup2(log, 1)
@@ -723,7 +700,7 @@ class Worker:
         timeout = float(settings.get("task_timeout_s", 60.0))
         began = time.monotonic()
         deadline = began + timeout
-        self.last_prepare_s, self.last_prepared_ahead = 0.0, False
+        self.last_prepare_s = 0.0
         census_every = POLL_S if self.private_pidns else HOST_CENSUS_S
         self._leftover = b""  # what this child reports past ``done`` (its audit), if anything
         next_census = 0.0
@@ -752,7 +729,6 @@ class Worker:
                     now = time.monotonic()
                     deadline = now + timeout
                     self.last_prepare_s = now - began
-                    self.last_prepared_ahead = event.get("ahead") is True
                 elif kind == "error":
                     error = str(event.get("detail", ""))[-1500:]
                 elif kind in ("info", "calibration"):
@@ -908,7 +884,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-pidns", default="")
     parser.add_argument("--no-preimport", dest="preimport", action="store_false")
     parser.add_argument("--prestart", action="store_true")
-    parser.add_argument("--prepare-ahead", action="store_true")
     args = parser.parse_args(argv)
     # Forking after torch started its own threads is what this worker is built on: the child
     # never relies on those threads, so Python 3.12's warning about it is noise in the log.
@@ -928,7 +903,6 @@ def main(argv: list[str] | None = None) -> int:
             args.host_pidns,
             args.preimport,
             args.prestart,
-            args.prepare_ahead,
         ).serve()
     except BrokenPipeError:
         return 0

@@ -435,15 +435,6 @@ class FiltersConfig(_Section):
         description="the same on CPU, where a process costs a fork of a warm worker but the "
         "audit's baseline costs one small torch.compile (timed in benchmarks/RESULTS.md)",
     )
-    prepare_audit_ahead: bool = Field(
-        json_schema_extra=SPEED_ONLY,
-        default=False,
-        description="with prestart_child and candidates_per_process above 1, a prestarted "
-        "process compiles the state audit's tiny model on a thread while it waits for its job, "
-        "so its first candidate does not wait for it (pool.stats audit_prepare_s, "
-        "audit_prepared_ahead). Off by default: it shortened candidates' waits for the "
-        "baseline but not the filters' span (benchmarks/RESULTS.md)",
-    )
     judge: bool = Field(
         default=True,
         description="after a candidate's own stages pass, the worker re-derives the decisive "

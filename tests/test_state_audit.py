@@ -154,12 +154,9 @@ def test_a_clean_candidate_leaves_nothing() -> None:
 AFTER_COMPILE = """
 import sys
 import torch
-from opsynth.filters.state_audit import Preparation, after_candidate, prepare, snapshot
-device, where = sys.argv[1], sys.argv[2]
-if where == "thread":
-    Preparation(device).wait()
-else:
-    prepare(device)
+from opsynth.filters.state_audit import after_candidate, prepare, snapshot
+device = sys.argv[1]
+prepare(device)
 before = snapshot(device)
 model = torch.nn.Sequential(
     torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 16)
@@ -174,9 +171,9 @@ print(after_candidate(before, {"memory_limit_bytes": 8 << 30}, device))
 """
 
 
-def _compile_in_a_fresh_process(device: str, cache: Path, where: str) -> str:
+def _compile_in_a_fresh_process(device: str, cache: Path) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", AFTER_COMPILE, device, where],
+        [sys.executable, "-c", AFTER_COMPILE, device],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -194,24 +191,20 @@ def _compile_in_a_fresh_process(device: str, cache: Path, where: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["main", "thread"])
-def test_torch_compile_in_a_fresh_process_leaves_nothing(tmp_path: Path, where: str) -> None:
+def test_torch_compile_in_a_fresh_process_leaves_nothing(tmp_path: Path) -> None:
     """The first ``torch.compile`` of a process patches torch for good; ``prepare`` does it
     before the baseline, so a candidate's compile leaves nothing, or no compiled candidate's
-    process would ever be reused. Prepared on another thread (``Preparation``, a prestarted
-    process waiting for its job), the candidate's compile on the main thread leaves nothing
-    either."""
-    assert _compile_in_a_fresh_process("cpu", tmp_path / "cache", where) == "[]"
+    process would ever be reused."""
+    assert _compile_in_a_fresh_process("cpu", tmp_path / "cache") == "[]"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("where", ["main", "thread"])
-def test_a_compiled_candidate_on_the_gpu_leaves_nothing(tmp_path: Path, where: str) -> None:
+def test_a_compiled_candidate_on_the_gpu_leaves_nothing(tmp_path: Path) -> None:
     """On CUDA the cleanup must give back what the candidate took (cached allocator blocks,
     the generator's seed, peak statistics) and count only what the process grew, not the
     context and libraries a fresh process holds too."""
-    assert _compile_in_a_fresh_process("cuda", tmp_path / "cache", where) == "[]"
+    assert _compile_in_a_fresh_process("cuda", tmp_path / "cache") == "[]"
 
 
 def test_resident_memory_a_candidate_keeps_retires_the_process() -> None:

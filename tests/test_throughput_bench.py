@@ -424,7 +424,7 @@ def test_side_by_side_copies_add_up_against_a_single_run() -> None:
     assert runs[1]["phases"]["pools_done_s"] == [65.0, 110.0]  # from the earlier copy's start
     args = argparse.Namespace(
         shard_size=16, shards_per_worker=2, workers_per_gpu=16, candidates_per_process=8,
-        prepare_audit_ahead=False, device="cuda", borderline=0.1,
+        device="cuda", borderline=0.1,
     )  # fmt: skip
     both = summarise(args, runs)["runs"][1]
     assert both["steady_speedup"] == 3.0  # 18/min against 6/min alone
