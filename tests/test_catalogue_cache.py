@@ -3,8 +3,10 @@ cache, and every run copies it; a changed config extracts anew."""
 
 from __future__ import annotations
 
+from opsynth import synth
 from opsynth.config import SeedsConfig
 from opsynth.store import read_tasks
+from opsynth.synth.catalog import report
 from opsynth.synth.catalog.report import cache_root, catalogue_key, ensure_catalogue
 
 
@@ -19,9 +21,16 @@ def test_a_second_run_reuses_the_cached_catalogue(tmp_path):
     assert [t.id for t in first] == [t.id for t in second] and first
 
 
-def test_the_key_follows_what_the_catalogue_depends_on(tmp_path):
+def test_the_key_follows_what_the_catalogue_depends_on(tmp_path, monkeypatch):
     base = SeedsConfig(libraries=["einops"])
-    assert catalogue_key(base) != catalogue_key(base.model_copy(update={"operators": ["x"]}))
+    key = catalogue_key(base)
+    assert key != catalogue_key(base.model_copy(update={"operators": ["x"]}))
+    # a new composer chains the same seeds; a new extraction may find others
+    monkeypatch.setattr(synth, "__version__", "99.0")
+    assert catalogue_key(base) == key
+    monkeypatch.setattr(report, "CATALOGUE_VERSION", report.CATALOGUE_VERSION + 1)
+    assert catalogue_key(base) != key
+    monkeypatch.undo()
     # where it is kept and how many processes extract it do not change what it is
     assert catalogue_key(base) == catalogue_key(base.model_copy(update={"workers": 3}))
     moved = base.model_copy(update={"cache_dir": str(tmp_path)})

@@ -24,6 +24,7 @@ from opsynth.refdata import OPS6K, shared_file, user_cache_dir
 from opsynth.store import digest, write_tasks, write_text_atomic, write_verdicts
 from opsynth.synth.catalog.coverage import coverage
 from opsynth.synth.catalog.extract import Extraction, extract
+from opsynth.synth.catalog.validate import CATALOGUE_VERSION
 
 EXAMPLES = 5
 
@@ -79,10 +80,8 @@ def write_catalogue(out: Path, extraction: Extraction, reference: Path | None) -
 
 
 def catalogue_key(cfg: SeedsConfig) -> str:
-    """What a catalogue depends on: the seeds config and the versions of the code and of
-    every library extracted."""
-    from opsynth import synth
-
+    """What a catalogue depends on: the seeds config, the extraction's own version
+    (``CATALOGUE_VERSION``) and the versions of every library extracted."""
     versions = {}
     for name in cfg.libraries:
         try:
@@ -90,7 +89,7 @@ def catalogue_key(cfg: SeedsConfig) -> str:
         except metadata.PackageNotFoundError:
             versions[name] = ""
     settings = cfg.model_dump(mode="json", exclude={"cache_dir", "workers"})
-    return digest(settings, synth.__version__, versions)
+    return digest(settings, f"catalogue {CATALOGUE_VERSION}", versions)
 
 
 def cache_root(cfg: SeedsConfig) -> Path | None:

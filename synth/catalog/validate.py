@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from opsynth import synth
 from opsynth.record import Task, Verdict, content_id
 from opsynth.synth.catalog.probe import output_shapes, tensors_of
 from opsynth.synth.catalog.reasons import OK, check
@@ -26,6 +25,12 @@ from opsynth.synth.catalog.serialize import spec_to_json
 from opsynth.synth.catalog.spec import CatalogSpec
 
 COMPOSER = "seed-catalog"
+# What extraction and seed validation make of a library, apart from its version: raised when
+# they change what a catalogue holds; a seed's composer version, and part of a cached
+# catalogue's key. Not the composer's version (``synth.__version__``), which changes how seeds
+# are chained, not which seeds there are: a new composer would otherwise re-extract every
+# cached catalogue, at a minute or more per host, into the same files.
+CATALOGUE_VERSION = 1
 STAGE = "seeds"
 
 
@@ -196,7 +201,7 @@ def validate(spec: CatalogSpec, timeout_s: float) -> tuple[Task | None, Verdict]
         data_source=spec.source,
         code=code,
         composer=COMPOSER,
-        composer_version=synth.__version__,
+        composer_version=str(CATALOGUE_VERSION),
         meta={"seed": seed},
     )
     task.seed_ids = [task.id]
