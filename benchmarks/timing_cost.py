@@ -19,8 +19,9 @@ differ from the first variant's on the same candidates. Writes ``timing_cost.jso
 The first variant on a fresh host also pays for what every later one finds ready: the trusted
 compile-cache layer (in the pool's start, outside the rate) and its workers' first CUDA
 contexts, created all at once (inside it). ``--repeat 2`` runs the list twice (the second
-round's names end in ``#2``), so each variant is measured once after the other; a
-``--time-limit`` that stops a variant inside its chunk leaves it no verdicts to compare.
+round's names end in ``#2``), so each variant is measured once after the other. A
+``--time-limit`` that stops a variant inside its chunk still counts the jobs that settled
+(the chunk's journal), so variants can share one bounded device call.
 """
 
 from __future__ import annotations
@@ -87,12 +88,28 @@ def to_toml(config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def journaled(run: Path) -> list[dict[str, Any]]:
+    """The verdict rows of the jobs that settled in a chunk a ``--time-limit`` stopped: its
+    journal (``work/*.journal.jsonl``, see ``flows.size_screen.Journal``) holds them until the
+    chunk is done, and the run's ``verdicts.parquet`` does not. A torn last line is skipped."""
+    rows = []
+    for path in sorted((run / "work").glob("*.journal.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                results = json.loads(line)["results"]
+                rows += [row for found in results.values() for row in found]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return rows
+
+
 def summarise(run: Path) -> dict[str, Any]:
-    """Per stage of the run's verdicts: rows, mean seconds, lock wait and exclusive hold."""
+    """Per stage of the run's verdicts, those of a stopped chunk's settled jobs included:
+    rows, mean seconds, lock wait and exclusive hold."""
     manifest = json.loads((run / "run.json").read_text())
     rows = pq.read_table(
         run / "verdicts.parquet", columns=["task_id", "stage", "reason", "measures", "elapsed_s"]
-    ).to_pylist()
+    ).to_pylist() + journaled(run)
     per_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     final: dict[str, str] = {}
     sizing = {"seconds": 0.0, "probes": 0, "candidates": 0}

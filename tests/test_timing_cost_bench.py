@@ -62,6 +62,14 @@ def test_per_stage_means_lock_waits_and_differing_reasons(tmp_path: Path) -> Non
     assert a["stages"]["verify"] == verify
     assert a["sizing"] == {"seconds": 3.0, "probes": 2.0}
     assert a["final"] == {"t1": "ok", "t2": "ok"} and runs["b"]["final"]["t2"] == "too_fast"
+    # a chunk stopped by --time-limit: its settled jobs are in its journal, not the parquet
+    journal = tmp_path / "a" / "work" / "size_filter-k.journal.jsonl"
+    journal.parent.mkdir()
+    settled = {"t3": [verdict("t3", "eager", s=6.0, gpu_lock_wait_s=2.5).to_row()]}
+    journal.write_text(json.dumps({"job": "j", "results": settled}) + "\n" + '{"job": "torn')
+    stopped = summarise(tmp_path / "a")
+    assert stopped["sandboxed"] == 3 and stopped["final"]["t3"] == "ok"
+    assert stopped["stages"]["eager"]["lock_wait_s"] == 1.5  # (0.5 + 1.5 + 2.5) / 3
     printed = table(runs)
     assert "| runtime: s / lock wait / held alone | 2.0 / 0.5 / 0.2 | 2.0 / 0.5 / 0.2 |" in printed
     assert "| final reasons differing from a | 0 | 1 |" in printed
