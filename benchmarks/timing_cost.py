@@ -14,7 +14,7 @@ sections hold the GPU exclusively and every other worker's GPU work queues behin
 its first and last result, the mean seconds per candidate of each stage, the part of them spent
 waiting for the GPU lock and holding it alone, and how many of the variant's final reasons
 differ from the first variant's on the same candidates. Writes ``timing_cost.json`` to
-``--out``. Reads only pyarrow and the standard library besides the CLI it runs.
+``--out``.
 
 The first variant on a fresh host also pays for what every later one finds ready: the trusted
 compile-cache layer (in the pool's start, outside the rate) and its workers' first CUDA
@@ -37,7 +37,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
+from opsynth.flows.size_screen import JOURNAL_SUFFIX, Journal
+from opsynth.record import Verdict
+from opsynth.store import read_verdicts
 
 # Stages run in the candidate's process, then the judge's; sizing is the eager row's claim.
 STAGES = ("eager", "randomness", "degenerate", "runtime", "compile", "verify")
@@ -88,44 +90,40 @@ def to_toml(config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def journaled(run: Path) -> list[dict[str, Any]]:
-    """The verdict rows of the jobs that settled in a chunk a ``--time-limit`` stopped: its
-    journal (``work/*.journal.jsonl``, see ``flows.size_screen.Journal``) holds them until the
-    chunk is done, and the run's ``verdicts.parquet`` does not. A torn last line is skipped."""
-    rows = []
-    for path in sorted((run / "work").glob("*.journal.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                results = json.loads(line)["results"]
-                rows += [row for found in results.values() for row in found]
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-    return rows
+def journaled(run: Path) -> list[Verdict]:
+    """The verdicts of the jobs that settled in a chunk a ``--time-limit`` stopped: its
+    journal (``flows.size_screen.Journal``) holds them until the chunk is done, and the run's
+    ``verdicts.parquet`` does not."""
+    return [
+        verdict
+        for path in sorted((run / "work").glob(f"*{JOURNAL_SUFFIX}"))
+        for results in Journal(path).done.values()
+        for found in results.values()
+        for verdict in found
+    ]
 
 
 def summarise(run: Path) -> dict[str, Any]:
     """Per stage of the run's verdicts, those of a stopped chunk's settled jobs included:
     rows, mean seconds, lock wait and exclusive hold."""
     manifest = json.loads((run / "run.json").read_text())
-    rows = pq.read_table(
-        run / "verdicts.parquet", columns=["task_id", "stage", "reason", "measures", "elapsed_s"]
-    ).to_pylist() + journaled(run)
+    verdicts = read_verdicts(run / "verdicts.parquet") + journaled(run)
     per_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     final: dict[str, str] = {}
     sizing = {"seconds": 0.0, "probes": 0, "candidates": 0}
-    for row in rows:
-        if row["stage"] not in STAGES:
+    for v in verdicts:
+        if v.stage not in STAGES:
             continue
-        measures = json.loads(row["measures"] or "{}")
-        entry = per_stage[row["stage"]]
+        measures = v.measures
+        entry = per_stage[v.stage]
         entry["rows"] += 1
-        entry["seconds"] += row["elapsed_s"] or 0.0
+        entry["seconds"] += v.elapsed_s or 0.0
         entry["lock_wait_s"] += measures.get("gpu_lock_wait_s") or measures.get("lock_wait_s") or 0
         entry["exclusive_s"] += measures.get("gpu_exclusive_s") or measures.get("timed_s") or 0
-        if row["reason"] != "ok" or row["task_id"] not in final:
-            final[row["task_id"]] = row["reason"]  # its first rejection, else ok
+        if v.reason != "ok" or v.task_id not in final:
+            final[v.task_id] = v.reason  # its first rejection, else ok
         claim = measures.get("sizing")
-        if row["stage"] == "eager" and isinstance(claim, dict):
+        if v.stage == "eager" and isinstance(claim, dict):
             sizing["seconds"] += float(claim.get("seconds") or 0.0)
             sizing["probes"] += len(claim.get("steps") or [])
             sizing["candidates"] += 1
