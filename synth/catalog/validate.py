@@ -29,7 +29,7 @@ COMPOSER = "seed-catalog"
 # they change what a catalogue holds; a seed's composer version, and part of a cached
 # catalogue's key. Not the composer's version (``synth.__version__``), which changes how seeds
 # are chained, not which seeds there are: a new composer would otherwise re-extract every
-# cached catalogue, at a minute or more per host, into the same files.
+# cached catalogue on every host into the same files (benchmarks/bench_seeds.py times one).
 CATALOGUE_VERSION = 1
 STAGE = "seeds"
 
