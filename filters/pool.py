@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from opsynth.config import FiltersConfig
-from opsynth.filters import compile_cache, privilege, protocol, reasons, retry, sandbox
+from opsynth.filters import compile_cache, privilege, protocol, reasons, sandbox
 from opsynth.filters import harness as harnesses
+from opsynth.filters.pool_retry import RetryAlone
 from opsynth.record import Task, Verdict
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ class _Worker:
         return os.path.join(self.directory, "worker.log")
 
 
-class WorkerPool:
+class WorkerPool(RetryAlone):
     """A pool of sandboxed warm workers; use as a context manager.
 
     ``evaluate(tasks)`` runs every task through the execution stages on the workers
@@ -507,16 +508,24 @@ class WorkerPool:
             self._queue.extend((ticket, job) for job in unique.values())
         return ticket
 
-    def wait(self, ticket: Ticket) -> dict[str, list[Verdict]]:
+    def wait(self, ticket: Ticket, *, retry: bool = True) -> dict[str, list[Verdict]]:
         """Drive the pool until ``ticket``'s batch is done (from the thread that owns the pool,
-        see the module doc); then retry alone what ``retry_alone`` names. Per task id, in the
-        batch's order."""
+        see the module doc); then retry alone what ``retry_alone`` names, unless ``retry`` is
+        false: the caller then gathers such batches for one ``retry_alone`` call. Per task id,
+        in the batch's order."""
         with self._lock:
             if ticket.jobs:
                 self.start()
-                self._drive(ticket, len(self._workers))
-                self._retry_alone(ticket)
+                self._drive([ticket], len(self._workers))
+                if retry:
+                    self._retry_alone([ticket])
             return {task_id: ticket.results[task_id] for task_id in ticket.jobs}
+
+    def retry_alone(self, tickets: list[Ticket]) -> None:
+        """Retry alone, together, the finished batches' tasks whose verdict ``retry_alone``
+        names (``filters.pool_retry``); their results are updated in place."""
+        with self._lock:
+            self._retry_alone(tickets)
 
     def measure(
         self, tasks: Iterable[Task], overrides: dict[str, Any] | None = None
@@ -554,77 +563,18 @@ class WorkerPool:
         harnesses.stages_of(overrides, found)
         return self.wait(self.submit(jobs, progress, overrides))
 
-    def _retry_alone(self, ticket: Ticket) -> None:
-        """Run again, with nothing else running, the tasks whose verdict may only say that
-        other workers' candidates held the device's memory (``retry_alone``). Tasks whose
-        measured needs fit the device together share a wave (``filters.retry``); one that fails
-        the same way in a shared wave runs once more truly alone. The last run's verdict
-        stands, and its last row keeps what the first run said. A one-worker pool ran them
-        alone already."""
-        retried = set(self.cfg.retry_alone)
-        again = {
-            task_id: job
-            for task_id, job in ticket.jobs.items()
-            if ticket.results[task_id] and ticket.results[task_id][-1].reason in retried
-        }
-        if not again or len(self._workers) < 2:
-            return
-        self.stats["retried_alone"] += len(again)
-        start = time.monotonic()
-        first = {task_id: ticket.results[task_id][-1] for task_id in again}
-        needs = {task_id: retry.memory_need_gib(first[task_id].detail) for task_id in again}
-        waves = retry.retry_waves(needs, self._retry_budget_gib())
-        shared: dict[str, int] = {}
-        for wave in waves:
-            results = self._run_wave({task_id: again[task_id] for task_id in wave}, ticket)
-            for task_id, rows in results.items():
-                shared[task_id] = len(wave)
-                ticket.results[task_id] = rows
-        again_alone = [
-            task_id
-            for task_id, size in shared.items()
-            if size > 1 and ticket.results[task_id][-1].reason in retried
-        ]
-        for task_id in again_alone:
-            ticket.results.update(self._run_wave({task_id: again[task_id]}, ticket))
-            shared[task_id] = 1
-        self.stats["retried_alone_s"] += round(time.monotonic() - start, 3)
-        for task_id, size in shared.items():
-            row = first[task_id]
-            ticket.results[task_id][-1].measures["first_run"] = {
-                "stage": row.stage,
-                "reason": row.reason,
-                "detail": row.detail[:300],
-                "concurrent_workers": len(self._workers),
-                "retry_wave": size,
-            }
-
-    def _run_wave(self, jobs: dict[str, Job], ticket: Ticket) -> dict[str, list[Verdict]]:
-        """``jobs`` side by side, with nothing else dispatched until they are done."""
-        wave = Ticket(jobs, ticket.overrides)
-        with self._queue_lock:
-            self._queue.extendleft((wave, job) for job in reversed(jobs.values()))
-        self._drive(wave, len(jobs), only=wave, release=True)
-        return wave.results
-
-    def _retry_budget_gib(self) -> float | None:
-        """Device memory the retried tasks' measured needs may fill at once; None on CPU."""
-        sizes = [
-            int(w.info.get("memory_bytes") or 0)
-            for w in self._workers
-            if w is not None and w.info.get("memory_bytes")
-        ]
-        if self.device != "cuda" or not sizes:
-            return None
-        return min(sizes) / 2**30 * self.cfg.retry_memory_fraction
-
     def _drive(
-        self, ticket: Ticket, parallel: int, only: Ticket | None = None, release: bool = False
+        self,
+        tickets: list[Ticket],
+        parallel: int,
+        only: list[Ticket] | None = None,
+        release: bool = False,
     ) -> None:
         """Feed queued jobs to idle workers (``only``'s, or any batch's in queue order), at most
-        ``parallel`` candidates running at once, until ``ticket`` is done. With ``release``,
-        nothing starts before every worker is idle and has let go of its waiting processes."""
-        while not ticket.done:
+        ``parallel`` candidates running at once, until every one of ``tickets`` is done. With
+        ``release``, nothing starts before every worker is idle and has let go of its waiting
+        processes."""
+        while not all(ticket.done for ticket in tickets):
             busy = sum(1 for w in self._workers if w is not None and w.state == "busy")
             if release and not any(
                 w is None or w.state in ("busy", "starting") for w in self._workers
@@ -652,26 +602,8 @@ class WorkerPool:
                 owner.results[task_id] = verdicts
                 if owner.progress is not None:
                     owner.progress(len(owner.results), len(owner.jobs))
-            if not ticket.done and not self._pending(ticket):
+            if any(not t.done and not self._pending(t) for t in tickets):
                 raise PoolError("a batch's candidates are neither queued nor running")
-
-    def _release_idle(self) -> None:
-        """Have every idle worker kill its waiting processes (``filters.worker`` ``release``):
-        a prestarted or kept process holds a CUDA context (about 1.3 GiB per H200 worker with
-        both), so a task "retried alone" next to 15 idle workers still found ~20 GiB taken. A
-        worker that does not answer within ``grace_s`` is replaced."""
-        releasing = [w for w in self._workers if w is not None and w.state == "idle"]
-        for worker in releasing:
-            if self._send(worker, {"op": "release"}):
-                worker.state = "releasing"
-            else:
-                self._replace(worker)
-        deadline = time.monotonic() + self.cfg.grace_s
-        while time.monotonic() < deadline and any(w.state == "releasing" for w in releasing):
-            self._pump(0.5)
-        for worker in releasing:
-            if worker.state == "releasing":
-                self._lost(worker, "worker_lost", "worker did not release its waiting processes")
 
     def _pending(self, ticket: Ticket) -> bool:
         """Whether any of ``ticket``'s jobs is queued or running (else waiting is forever)."""
@@ -680,12 +612,12 @@ class WorkerPool:
         with self._queue_lock:
             return any(owner is ticket for owner, _ in self._queue)
 
-    def _take(self, only: Ticket | None) -> tuple[Ticket, Job] | None:
+    def _take(self, only: list[Ticket] | None) -> tuple[Ticket, Job] | None:
         with self._queue_lock:
             if only is None:
                 return self._queue.popleft() if self._queue else None
             for item in self._queue:
-                if item[0] is only:
+                if any(item[0] is ticket for ticket in only):
                     self._queue.remove(item)
                     return item
         return None

@@ -289,8 +289,10 @@ def _passed(rows: list[Verdict]) -> bool:
 
 class _Pipeline:
     """Drives one chunk's probes and filter runs through the pool, one job per batch so that
-    each is handled as it finishes (in the pool's progress callback); a job whose verdict the
-    pool will retry alone is handled after ``wait`` has retried it."""
+    each is handled as it finishes (in the pool's progress callback). A job whose verdict the
+    pool retries alone (``filters.retry_alone``) is set aside until nothing else of the chunk
+    is running, and all of them are retried together (``WorkerPool.retry_alone``): each retry
+    drains the whole pool, so one per job would idle it once per ``oom``."""
 
     def __init__(
         self,
@@ -328,6 +330,7 @@ class _Pipeline:
         self.measure_overrides = probe_overrides(cfg)
         self.prefilters = prefilters(cfg)
         self.queue: deque[_Pending] = deque()
+        self.deferred: list[_Pending] = []  # finished with a retry_alone reason, not retried yet
         self.backlog: deque[Task] = deque()  # candidates waiting for their first job
         self.outstanding = 0  # submitted jobs not handled yet
         # the pool has started (LazyPool.get), so its worker count is known
@@ -339,19 +342,39 @@ class _Pipeline:
         for index in finished:
             self._sized(index)
         self._feed()
-        while self.queue:
+        while self.queue or self.deferred:
+            if not self.queue:  # nothing else of the chunk runs: retry the set-aside jobs
+                self._retry_deferred()
+                continue
             pending = self.queue.popleft()
             if not pending.replayed:
-                self.pool.wait(pending.ticket)
+                self.pool.wait(pending.ticket, retry=False)
+                if any(self._retried(rows) for rows in pending.ticket.results.values()):
+                    self.deferred.append(pending)
+                    self._feed()
+                    continue
+            self._settle(pending)
+
+    def _retry_deferred(self) -> None:
+        """Retry the set-aside jobs alone, together (shared waves, one drain of the pool per
+        wave), then settle them; settling may start their candidates' next jobs."""
+        deferred, self.deferred = self.deferred, []
+        self.pool.retry_alone([pending.ticket for pending in deferred])
+        for pending in deferred:
             self._settle(pending)
 
     def _feed(self) -> None:
         late = self.stop_at is not None and time.time() >= self.stop_at
-        while self.backlog and self.outstanding < self.lookahead and not late:
+        while self.backlog and self._running() < self.lookahead and not late:
             self.first_job(self.backlog.popleft())
         # candidates begun finish (their later jobs are not held back); none starts late
         if not self.backlog and self.ahead is not None and not late:
-            self.ahead.top_up(self.pool, self.lookahead - self.outstanding)
+            self.ahead.top_up(self.pool, self.lookahead - self._running())
+
+    def _running(self) -> int:
+        """Submitted jobs not handled yet, less the set-aside ones: those run nothing until
+        their retry, so they hold no place in the lookahead."""
+        return self.outstanding - len(self.deferred)
 
     def _submit(self, job: Task, overrides: dict[str, Any] | None, handle) -> None:
         key = Journal.key(job, overrides)

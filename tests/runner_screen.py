@@ -162,6 +162,7 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
                 "seconds": round(time.perf_counter() - started, 1),
             }
         result["resumed"] = resumed(out, cfg, chunk, progress)
+        result["retried"] = retried_together(out, cfg, progress)
         result["ahead"] = ahead_of_time(out, cfg, pool, progress)
     finally:
         pool.close()
@@ -196,6 +197,67 @@ def ahead_of_time(out: str, cfg: RunConfig, pool, progress) -> dict:
         },
         "jobs": pool.pool.stats["candidates"] - jobs,
         "taken_over": ledger.computed.get(PREFETCHED, 0),
+    }
+
+
+def oom_task(tag: str) -> Task:
+    """Out of memory in its first forward, whoever else runs; the message states what the
+    process held and asked for (2 GiB in all), as torch's does."""
+    message = (
+        "CUDA out of memory. Tried to allocate 1.00 GiB. Including non-PyTorch memory, "
+        "this process has 1.00 GiB memory in use."
+    )
+    forward = f"raise torch.OutOfMemoryError({message!r})"
+    return Task(ops=[tag], data_source="torch#1", code=task_source(forward))
+
+
+def retried_together(out: str, cfg: RunConfig, progress) -> dict:
+    """Two tasks that run out of memory and three cheap ones, inline on a pool of two workers
+    that notes each dispatch (task id, candidates already running) and each ``retry_alone``
+    call (how many batches it was given), and lets retried tasks whose stated needs fit
+    100 GiB share a wave, as a GPU pool's would."""
+    from opsynth.filters.pool import WorkerPool
+    from opsynth.flows.size_screen import size_and_screen
+    from opsynth.flows.stages import LazyPool, WorkLedger
+    from opsynth.store import RunDir
+    from opsynth.verdicts import group_by_task
+
+    class Watched(WorkerPool):
+        log: list = []
+        retry_calls: list = []
+
+        def _dispatch(self, worker, task, ticket):
+            running = sum(1 for w in self._workers if w is not None and w.state == "busy")
+            self.log.append((task.id, running))
+            return super()._dispatch(worker, task, ticket)
+
+        def retry_alone(self, tickets):
+            self.retry_calls.append(len(tickets))
+            return super().retry_alone(tickets)
+
+        def _retry_budget_gib(self) -> float:
+            return 100.0
+
+    run_cfg = cfg.with_section("sizing", pipelined=True, inline=True)
+    run_cfg = run_cfg.with_section("filters", workers=2)
+    ooms, others = [oom_task("a"), oom_task("b")], tasks()[:3]
+    chunk = [ooms[0], *others, ooms[1]]
+    lazy = LazyPool(run_cfg, "cpu")
+    with Watched(run_cfg.filters, "cpu") as pool:
+        lazy.pool = pool
+        run = RunDir.create(Path(out) / "retried")
+        _, rows = size_and_screen(run, run_cfg, chunk, "cpu", lazy, WorkLedger(), progress, set())
+        stats = dict(pool.stats)
+    last = {task_id: found[-1] for task_id, found in group_by_task(rows).items()}
+    return {
+        "ooms": [t.id for t in ooms],
+        "others": [t.id for t in others],
+        "log": pool.log,
+        "retry_calls": pool.retry_calls,
+        "retried_alone": stats["retried_alone"],
+        "last": {
+            task_id: [row.reason, row.measures.get("first_run")] for task_id, row in last.items()
+        },
     }
 
 

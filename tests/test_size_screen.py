@@ -151,3 +151,29 @@ def test_the_next_chunks_first_jobs_run_on_workers_the_tail_leaves_idle(paths: d
         assert got_id == want_id
         assert ahead["verdicts"][got_id] == inline["verdicts"][want_id]
         assert (got or {}).get("chosen") == (want or {}).get("chosen")
+
+
+def test_a_chunks_oom_jobs_are_retried_together_after_the_rest(paths: dict) -> None:
+    """Jobs that end in a ``retry_alone`` reason are set aside and retried together once the
+    rest of the chunk is done: one ``retry_alone`` call for both one-job batches, whose tasks
+    share a wave, instead of a drain of the whole pool per ``oom``."""
+    retried = paths["retried"]
+    log, ooms, others = retried["log"], retried["ooms"], retried["others"]
+    assert retried["retry_calls"] == [2] and retried["retried_alone"] == 2
+    assert all(retried["last"][task_id][0] != "oom" for task_id in others)
+    order = [task_id for task_id, _ in log]
+    after_the_rest = max(order.index(task_id) for task_id in others)
+    waves = []
+    for task_id in ooms:
+        runs = [i for i, (found, _) in enumerate(log) if found == task_id]
+        # side by side with the rest; then in the shared wave, after the rest; failing the
+        # same way there, once more alone
+        assert len(runs) == 3 and runs[1] > after_the_rest, log
+        assert log[runs[2]][1] == 0, log
+        waves.append(runs[1])
+        reason, first = retried["last"][task_id]
+        assert reason == "oom" and first["reason"] == "oom" and first["retry_wave"] == 1
+        assert "Tried to allocate" in first["detail"]
+    # the shared wave: both dispatched one after the other, the pool otherwise empty
+    assert abs(waves[0] - waves[1]) == 1, log
+    assert sorted(log[i][1] for i in waves) == [0, 1], log
