@@ -45,6 +45,9 @@ SEED_INPUTS = 1000
 SEED_RUN = 2000
 
 CANDIDATE_MODULE = "candidate"
+# Cached, unused device memory below this stays with the allocator after a stage: giving it
+# back costs a pass through the GPU lock, for too little to spare a neighbour an ``oom``.
+RELEASE_MIN_BYTES = 256 << 20
 DETAIL_LIMIT = 2000
 
 
@@ -128,6 +131,9 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
         except BaseException as exc:  # the candidate may raise anything, SystemExit included
             default = "compile_error" if name == "compile" else "forward_error"
             row = _row(name, False, classify(exc, default), describe(exc, code_path), {})
+        released = release_cached(cand) if row["passed"] else 0.0
+        if released:
+            row["measures"]["device_released_gib"] = released
         row["elapsed_s"] = round(time.perf_counter() - start, 6)
         if sizing is not None:
             row["measures"]["sizing"], sizing = sizing, None  # on the first row only
@@ -142,6 +148,27 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
     if passed and VERIFY in cand.s.stages:
         return served(cand)
     return None
+
+
+def release_cached(c: Candidate) -> float:
+    """Give the device back what this process's allocator caches but no tensor uses, after a
+    stage: GiB released. The allocator keeps a stage's peak reserved until told otherwise, so
+    each of a GPU's workers would hold its candidate's highest peak (the checks hold several
+    draws' outputs at once) through the stages after it, compile's seconds of CPU work
+    included, and the sum of those peaks, not of what is in use, would decide whether a
+    neighbour runs out of memory. Untimed GPU work, so under the shared lock."""
+    if not c.cuda:
+        return 0.0
+    try:
+        idle = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        if idle < RELEASE_MIN_BYTES:
+            return 0.0
+        with c.gpu_shared():
+            torch.cuda.empty_cache()
+        left = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    except Exception:  # a poisoned context: the next stage finds it
+        return 0.0
+    return round((idle - left) / 2**30, 3)
 
 
 def probe(path: str, settings: dict[str, Any]) -> tuple[Probe, float | None]:

@@ -267,3 +267,36 @@ def test_compiled_graphs_run_inside_the_given_section_once_each(tmp_path: Path) 
         compiled(x)
     assert len(entered) == 2  # the held section covered both graphs
     assert torch.allclose(checks.compile_locked(Broken(), None)(x), x.sin().cos())
+
+
+def test_a_cpu_candidate_gives_nothing_back_and_touches_no_gpu(tmp_path: Path) -> None:
+    c = checks.Candidate(str(tmp_path / "candidate.py"), checks.Settings(device="cpu"))
+    assert checks.release_cached(c) == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_after_a_stage_the_allocators_unused_cache_goes_back_to_the_device(
+    tmp_path: Path,
+) -> None:
+    """What a stage freed but the allocator still reserves is released (under the GPU's shared
+    lock), so neighbours can use it; what tensors still hold stays, and a small remainder is
+    not worth a pass through the lock."""
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
+    c = checks.Candidate(
+        str(tmp_path / "candidate.py"), checks.Settings(device="cuda", lock_dir=str(lock_dir))
+    )
+    kept = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    freed = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    del freed
+    reserved = torch.cuda.memory_reserved()
+    released = checks.release_cached(c)
+    assert 1.9 <= released <= 2.1, released
+    assert reserved - torch.cuda.memory_reserved() >= 2 << 30
+    assert torch.cuda.memory_allocated() >= kept.numel()
+    small = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    del small
+    assert checks.release_cached(c) == 0.0
+    del kept
+    torch.cuda.empty_cache()
