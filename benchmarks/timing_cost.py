@@ -21,7 +21,9 @@ compile-cache layer (in the pool's start, outside the rate) and its workers' fir
 contexts, created all at once (inside it). ``--repeat 2`` runs the list twice (the second
 round's names end in ``#2``), so each variant is measured once after the other. A
 ``--time-limit`` that stops a variant inside its chunk still counts the jobs that settled
-(the chunk's journal), so variants can share one bounded device call.
+(the chunk's journal), so variants can share one bounded device call; a variant runs on past
+its limit until its begun candidates finish and its pool and server stop, and
+``timing_cost.json`` is rewritten after each, so a call cut short keeps the variants done.
 """
 
 from __future__ import annotations
@@ -222,11 +224,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             continue  # the run said why; a variant that filtered nothing has no column
         results[name] = {"overrides": overrides, "returncode": code, "wall_s": round(wall, 1)}
         results[name].update(summarise(folder / "run"))
+        # after every variant: a caller's own limit that cuts the list keeps those done
+        write_results(args.out, results)
     if results:
         print(table(results))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "timing_cost.json").write_text(json.dumps(results, indent=2))
+    write_results(args.out, results)
     return results
+
+
+def write_results(out: Path, results: dict[str, dict[str, Any]]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timing_cost.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

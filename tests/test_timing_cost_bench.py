@@ -89,3 +89,35 @@ def test_a_variant_whose_run_refuses_its_config_is_left_out(tmp_path: Path, caps
     # every variant keeps its catalogue in one place, whatever the base config says
     assert written["seeds"]["cache_dir"] == str((tmp_path / "out" / "seed-cache").resolve())
     assert json.loads((tmp_path / "out" / "timing_cost.json").read_text()) == {}
+
+
+def test_each_variant_is_written_as_it_ends(tmp_path: Path, monkeypatch) -> None:
+    """A caller's own time limit may kill the list mid-way: the variants already done are in
+    ``timing_cost.json`` by then."""
+    import benchmarks.timing_cost as bench
+
+    config = tmp_path / "base.toml"
+    config.write_text("target = 2\n")
+    out = tmp_path / "out"
+
+    class Killed(Exception):
+        pass
+
+    def fake_run(cmd, *args, **kwargs):  # the first variant's run finishes, the second is cut
+        run = Path(cmd[cmd.index("--out") + 1])
+        if run.parent.name == "second":
+            assert json.loads((out / "timing_cost.json").read_text()).keys() == {"first"}
+            raise Killed
+        run.mkdir(parents=True)
+        write_verdicts([verdict("t1", "eager")], run / "verdicts.parquet")
+        (run / "run.json").write_text(json.dumps({"counts": {"accepted": 1}}))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    with pytest.raises(Killed):
+        main(
+            ["--config", str(config), "--out", str(out), "--variant", "first="]
+            + ["--variant", "second=filters.timed_runs=5"]
+        )
+    written = json.loads((out / "timing_cost.json").read_text())
+    assert list(written) == ["first"] and written["first"]["sandboxed"] == 1
