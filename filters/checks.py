@@ -48,6 +48,10 @@ CANDIDATE_MODULE = "candidate"
 # Cached, unused device memory below this stays with the allocator after a stage: giving it
 # back costs a pass through the GPU lock, for too little to spare a neighbour an ``oom``.
 RELEASE_MIN_BYTES = 256 << 20
+# The stages after which it is given back: degenerate holds the most at once (three draws and
+# their outputs) and compile is followed by the judge's requests; after eager and randomness
+# the next stage would only allocate the same blocks again.
+RELEASE_AFTER = ("degenerate", "compile")
 DETAIL_LIMIT = 2000
 
 
@@ -131,7 +135,7 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
         except BaseException as exc:  # the candidate may raise anything, SystemExit included
             default = "compile_error" if name == "compile" else "forward_error"
             row = _row(name, False, classify(exc, default), describe(exc, code_path), {})
-        released = release_cached(cand) if row["passed"] else 0.0
+        released = release_cached(cand) if row["passed"] and name in RELEASE_AFTER else 0.0
         if released:
             row["measures"]["device_released_gib"] = released
         row["elapsed_s"] = round(time.perf_counter() - start, 6)

@@ -300,3 +300,23 @@ def test_after_a_stage_the_allocators_unused_cache_goes_back_to_the_device(
     assert checks.release_cached(c) == 0.0
     del kept
     torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_candidate_gives_back_what_degenerate_held_before_it_compiles(cache_dir: str) -> None:
+    """Its 512 MiB input, drawn twice more by ``degenerate`` with an output each: what those
+    held is given back once the stage has passed, and the row says how much."""
+    code = task_source("return torch.relu(x) + x", inputs="[torch.randn(128, 1024, 1024)]")
+    task = make_task(code, "held")
+    cfg = FiltersConfig(workers=1, cache_dir=cache_dir, **BASE)
+    with WorkerPool(cfg, "cuda") as pool:
+        overrides = {"stages": ["eager", "randomness", "degenerate"]}
+        rows = pool.wait(pool.submit([task], None, overrides))[task.id]
+    assert [(r.stage, r.passed) for r in rows] == [
+        ("eager", True),
+        ("randomness", True),
+        ("degenerate", True),
+    ], rows[-1].detail
+    assert rows[-1].measures["device_released_gib"] >= 1.0, rows[-1].measures
+    assert "device_released_gib" not in rows[0].measures  # eager keeps its blocks for the next
