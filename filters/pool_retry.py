@@ -70,12 +70,10 @@ class RetryAlone:
     def _run_wave(self, members: list[tuple[Any, str]]) -> None:
         """The (batch, task id) ``members`` side by side, each under its batch's settings,
         with nothing else dispatched until they are done; their verdicts replace the batches'."""
-        from opsynth.filters.pool import Ticket
-
-        waves: dict[int, Ticket] = {}
+        waves: dict[int, Any] = {}
         owners: dict[int, Any] = {}
-        for ticket, task_id in members:
-            wave = waves.setdefault(id(ticket), Ticket({}, ticket.overrides))
+        for ticket, task_id in members:  # a wave's batch of each owner's kind (filters.pool's)
+            wave = waves.setdefault(id(ticket), type(ticket)({}, ticket.overrides))
             owners[id(ticket)] = ticket
             wave.jobs[task_id] = ticket.jobs[task_id]
         with self._queue_lock:
