@@ -70,21 +70,18 @@ class RetryAlone:
     def _run_wave(self, members: list[tuple[Any, str]]) -> None:
         """The (batch, task id) ``members`` side by side, each under its batch's settings,
         with nothing else dispatched until they are done; their verdicts replace the batches'."""
-        waves: dict[int, Any] = {}
-        owners: dict[int, Any] = {}
+        owned: dict[int, tuple[Any, Any]] = {}  # id(owner) -> (owner, its part of the wave)
         for ticket, task_id in members:  # a wave's batch of each owner's kind (filters.pool's)
-            wave = waves.setdefault(id(ticket), type(ticket)({}, ticket.overrides))
-            owners[id(ticket)] = ticket
-            wave.jobs[task_id] = ticket.jobs[task_id]
+            _, part = owned.setdefault(id(ticket), (ticket, type(ticket)({}, ticket.overrides)))
+            part.jobs[task_id] = ticket.jobs[task_id]
+        parts = [part for _, part in owned.values()]
         with self._queue_lock:
             self._queue.extendleft(
-                (wave, job)
-                for wave in reversed(waves.values())
-                for job in reversed(wave.jobs.values())
+                (part, job) for part in reversed(parts) for job in reversed(part.jobs.values())
             )
-        self._drive(list(waves.values()), len(members), only=list(waves.values()), release=True)
-        for key, wave in waves.items():
-            owners[key].results.update(wave.results)
+        self._drive(parts, len(members), only=parts, release=True)
+        for owner, part in owned.values():
+            owner.results.update(part.results)
 
     def _retry_budget_gib(self) -> float | None:
         """Device memory the retried tasks' measured needs may fill at once; None on CPU."""

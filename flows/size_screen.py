@@ -349,7 +349,7 @@ class _Pipeline:
             pending = self.queue.popleft()
             if not pending.replayed:
                 self.pool.wait(pending.ticket, retry=False)
-                if any(self._retried(rows) for rows in pending.ticket.results.values()):
+                if self._awaits_retry(pending):
                     self.deferred.append(pending)
                     self._feed()
                     continue
@@ -392,8 +392,7 @@ class _Pipeline:
 
         def finished(done: int, total: int) -> None:
             pending = holder[0]
-            rows = pending.ticket.results.values()
-            if pending.ticket.done and not any(self._retried(r) for r in rows):
+            if pending.ticket.done and not self._awaits_retry(pending):
                 self._settle(pending)
 
         if early is not None:  # started ahead, on a worker the last chunk left idle
@@ -405,8 +404,10 @@ class _Pipeline:
         self.outstanding += 1
         self.queue.append(holder[0])
 
-    def _retried(self, rows: list[Verdict]) -> bool:
-        return bool(rows) and rows[-1].reason in self.retried
+    def _awaits_retry(self, pending: _Pending) -> bool:
+        """Whether a finished job's verdict is one the pool retries alone."""
+        rows = pending.ticket.results.values()
+        return any(found and found[-1].reason in self.retried for found in rows)
 
     def _settle(self, pending: _Pending) -> None:
         if pending.settled:
