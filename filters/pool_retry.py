@@ -96,8 +96,8 @@ class RetryAlone:
 
     def _release_idle(self) -> None:
         """Have every idle worker kill its waiting processes (``filters.worker`` ``release``):
-        a prestarted or kept process holds a CUDA context (about 1.3 GiB per H200 worker with
-        both), so a task "retried alone" next to 15 idle workers still found ~20 GiB taken. A
+        a prestarted or kept process holds a CUDA context, so a task "retried alone" next to
+        idle workers still found a large share of the device taken (benchmarks/RESULTS.md). A
         worker that does not answer within ``grace_s`` is replaced."""
         releasing = [w for w in self._workers if w is not None and w.state == "idle"]
         for worker in releasing:
