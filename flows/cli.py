@@ -67,9 +67,9 @@ def run(
         float | None,
         typer.Option(
             "--time-limit",
-            help="seconds this invocation may take: no candidate starts after them (the "
-            "two-stage path: no chunk that would end later); the run writes what it has and a "
-            "re-run resumes",
+            help="seconds this invocation may take: no candidate starts that would not end by "
+            "then, judged by how long this invocation's jobs took (the two-stage path: no chunk "
+            "that would end later); the run writes what it has and a re-run resumes",
         ),
     ] = None,
 ) -> None:

@@ -54,8 +54,8 @@ def regenerate(
     work written when it is done, so a run stopped anywhere resumes from its last finished
     chunk rather than from the start of the round's sizing, and a round stops composing work
     for the filters once the target is met (the rest of its candidates are left unscreened).
-    With ``stop_at`` (seconds since the epoch) no candidate starts after it (on the other paths
-    no chunk that would not end by then, ``opsynth.deadline``): the run writes what it has with
+    With ``stop_at`` (seconds since the epoch) no candidate starts that would not end by it
+    (on the other paths no chunk, ``opsynth.deadline``): the run writes what it has with
     status ``stopped``, a chunk it left keeping its finished jobs in its journal
     (``flows.size_screen.Journal``), as a run killed mid-chunk does."""
     from opsynth.ast_dedup.dedup import dedup

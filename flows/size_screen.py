@@ -18,6 +18,7 @@ here. Import this module only after ``flows.prefect_env``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsynth.config import RunConfig
+from opsynth.deadline import JobLatency
 from opsynth.flows.stages import (
     LazyPool,
     Progress,
@@ -66,6 +68,7 @@ class _Pending:
     key: str = ""  # the job's journal key
     replayed: bool = False  # answered from the journal: nothing ran
     settled: bool = False
+    submitted_at: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -99,8 +102,9 @@ def size_and_screen(
     """Each task sized and filtered: the tasks as they end (sized, or as composed), in input
     order, and every prefilter and sandbox verdict for them. ``taken``: ids of the run's
     other candidates, which a sized variant may not take. One work file pair per chunk: a
-    resumed run reuses a finished chunk whole. From ``stop_at`` (seconds since the epoch) no
-    candidate starts; a chunk left unfinished then raises ``ChunkStopped``. ``ahead``: the
+    resumed run reuses a finished chunk whole. From ``stop_at`` (seconds since the epoch) less
+    the pool's job latency (``pool.latency``) no candidate starts, so those begun end about
+    by ``stop_at``; a chunk left unfinished then raises ``ChunkStopped``. ``ahead``: the
     next chunk, whose first jobs start on workers this chunk's tail leaves idle (``Prefetch``,
     kept on ``pool`` for the next call)."""
     tasks_path, verdicts_path = _work_paths(run, cfg, tasks, device, taken)
@@ -128,6 +132,7 @@ def size_and_screen(
             journal,
             prefetched,
             upcoming,
+            pool.latency,
         )
         pipeline.stop_at = stop_at
         pipeline.run()
@@ -306,6 +311,7 @@ class _Pipeline:
         journal: Journal,
         prefetched: Prefetch | None = None,
         ahead: Prefetch | None = None,
+        latency: JobLatency | None = None,
     ) -> None:
         from opsynth.filters.sizing import Sizer
 
@@ -313,7 +319,8 @@ class _Pipeline:
         self.journal, self.replayed = journal, 0
         # this chunk's first jobs started ahead; the next chunk's, to start on idle workers
         self.prefetched, self.ahead, self.taken_over = prefetched, ahead, 0
-        self.stop_at: float | None = None  # from then on no candidate starts
+        self.stop_at: float | None = None  # the time limit: jobs started by then end by it
+        self.latency = latency if latency is not None else JobLatency()
         self.survivors = survivors  # sizer index -> chunk index
         self.cfg, self.window = cfg, cfg.filters.window_ms(device)
         self.sizer = Sizer([chunk.final[i] for i in survivors], self.window, cfg.sizing)
@@ -331,16 +338,16 @@ class _Pipeline:
         self.prefilters = prefilters(cfg)
         self.queue: deque[_Pending] = deque()
         self.deferred: list[_Pending] = []  # finished with a retry_alone reason, not retried yet
-        self.backlog: deque[Task] = deque()  # candidates waiting for their first job
+        # candidates waiting for their first job (a probe, or their filtering if not sized)
+        self.backlog: deque[Callable[[], None]] = deque()
         self.outstanding = 0  # submitted jobs not handled yet
         # the pool has started (LazyPool.get), so its worker count is known
         self.lookahead = LOOKAHEAD_PER_WORKER * max(1, int(pool.stats.get("workers") or 1))
 
     def run(self) -> None:
         probes, finished = self.sizer.start()
-        self.backlog.extend(probes)
-        for index in finished:
-            self._sized(index)
+        self.backlog.extend(functools.partial(self._sized, index) for index in finished)
+        self.backlog.extend(functools.partial(self.first_job, probe) for probe in probes)
         self._feed()
         while self.queue or self.deferred:
             if not self.queue:  # nothing else of the chunk runs: retry the set-aside jobs
@@ -364,9 +371,10 @@ class _Pipeline:
             self._settle(pending)
 
     def _feed(self) -> None:
-        late = self.stop_at is not None and time.time() >= self.stop_at
+        cutoff = self.latency.cutoff(self.stop_at)
+        late = cutoff is not None and time.time() >= cutoff
         while self.backlog and self._running() < self.lookahead and not late:
-            self.first_job(self.backlog.popleft())
+            self.backlog.popleft()()
         # candidates begun finish (their later jobs are not held back); none starts late
         if not self.backlog and self.ahead is not None and not late:
             self.ahead.top_up(self.pool, self.lookahead - self._running())
@@ -415,6 +423,7 @@ class _Pipeline:
         pending.settled = True
         self.outstanding -= 1
         if not pending.replayed:
+            self.latency.record(time.time() - pending.submitted_at)
             self.journal.record(pending.key, pending.ticket.results)
         pending.handle(pending.ticket.results)
         self._feed()

@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 import opsynth
 from opsynth.config import FiltersConfig, RunConfig
+from opsynth.deadline import JobLatency
 from opsynth.funnel import funnel_rows
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.stage import apply_filters
@@ -161,6 +162,8 @@ class LazyPool:
         self.engines: dict[str, dict[str, Any]] = {}
         # the next pipelined chunk's first jobs, started early (``flows.size_screen.Prefetch``)
         self.prefetch: Any = None
+        # how long pipelined jobs take to come back, across chunks: when the last may start
+        self.latency = JobLatency()
 
     def queue(self, shards: list[list[Task]], progress: Progress) -> None:
         """Queue these shards' candidates on the pool now: workers then go from one shard to

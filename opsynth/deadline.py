@@ -3,12 +3,13 @@
 A GPU host is often lent for a fixed time (a batch job's wall-clock limit, a lease). A run
 killed at the host's limit loses its jobs in flight (a chunk's settled jobs are kept in its
 journal, ``flows.size_screen.Journal``) and leaves the dataset files as an earlier invocation
-wrote them, so the run stops by itself instead: a pipelined chunk starts no candidate after
-the limit and ends once those in flight are done (``flows.size_screen``), and on the other paths
-the next chunk starts only if the longest chunk this invocation has computed would still end
-before the limit. Either way the run writes what it has, and a later invocation on any host
-resumes from the work on disk. Plain functions and a dataclass: no clock of its own, testable
-alone.
+wrote them, so the run stops by itself instead. A pipelined chunk starts no candidate after
+the limit less the time a job takes to come back (``JobLatency``), then ends once those in
+flight are done (``flows.size_screen``): they end about at the limit, not a job's length after
+it. On the other paths the next chunk starts only if the longest chunk this invocation has
+computed would still end before the limit. Either way the run writes what it has, and a later
+invocation on any host resumes from the work on disk. Plain functions and dataclasses: no clock
+of its own, testable alone.
 """
 
 from __future__ import annotations
@@ -42,3 +43,29 @@ class ChunkClock:
     def record(self, seconds: float, *, computed: bool) -> None:
         if computed:
             self.computed_s.append(seconds)
+
+
+# Which of the invocation's job latencies the cutoff reserves: most jobs started before it end
+# by the limit, and one slow outlier does not stop the run early.
+LATENCY_QUANTILE = 0.9
+
+
+@dataclass
+class JobLatency:
+    """How long this invocation's pipelined jobs took from submission to their verdicts
+    (queueing included: a job submitted now waits behind those the pool holds), kept across
+    chunks, so that the last jobs are started early enough to end by the limit."""
+
+    seconds: list[float] = field(default_factory=list)
+
+    def record(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+    def cutoff(self, stop_at: float | None) -> float | None:
+        """When the last job may start: ``stop_at`` less the ``LATENCY_QUANTILE`` of the
+        latencies seen; ``stop_at`` itself before any job came back."""
+        if stop_at is None or not self.seconds:
+            return stop_at
+        ordered = sorted(self.seconds)
+        index = min(len(ordered) - 1, int(LATENCY_QUANTILE * len(ordered)))
+        return stop_at - ordered[index]

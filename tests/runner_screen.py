@@ -266,10 +266,12 @@ class Interrupted(Exception):
 
 
 def resumed(out: str, cfg: RunConfig, chunk: list[Task], progress) -> dict:
-    """The chunk inline with a time limit two seconds away (it stops by itself), then again,
+    """The chunk inline with a time limit a minute away but jobs known to take an hour (none
+    starts), with a time limit two seconds away (it stops by itself), then again,
     interrupted once three more jobs are journaled (the pool closed, as a killed run's would
     be), then resumed on a fresh pool from the chunk's journal: what ran and what the journal
     held at each step, what the last pool ran, and the result."""
+    from opsynth.deadline import JobLatency
     from opsynth.flows.regenerate import size_and_filter
     from opsynth.flows.size_screen import JOBS, JOURNAL_SUFFIX, ChunkStopped, Journal
     from opsynth.flows.stages import LazyPool, WorkLedger, prefilter_stage
@@ -298,6 +300,14 @@ def resumed(out: str, cfg: RunConfig, chunk: list[Task], progress) -> dict:
     first.get()  # started, and the chunk prefiltered: the limit is about candidates alone
     prefilter_stage(run, run_cfg, chunk, WorkLedger())
     try:
+        # jobs known to take an hour: with a minute left, none starts, none runs
+        first.latency = JobLatency([3600.0])
+        try:
+            chunk_run(first, WorkLedger(), progress, time.time() + 60.0)
+            raise AssertionError("a job started that could not end by the time limit")
+        except ChunkStopped:
+            ran_reserved, held_reserved = first.pool.stats["candidates"], journaled()
+        first.latency = JobLatency()
         try:
             chunk_run(first, WorkLedger(), progress, time.time() + 2.0)
             raise AssertionError("the chunk did not stop at its time limit")
@@ -318,6 +328,8 @@ def resumed(out: str, cfg: RunConfig, chunk: list[Task], progress) -> dict:
         ran_second = second.close()["candidates"]
     rows = group_by_task(verdicts)
     return {
+        "ran_reserved": ran_reserved,
+        "journaled_reserved": held_reserved,
         "ran_limited": ran_limited,
         "journaled_limited": held_limited,
         "ran_first": ran_first,

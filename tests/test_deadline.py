@@ -1,8 +1,9 @@
-"""The time limit's rule: a chunk starts only if the longest computed one would still fit."""
+"""The time limit's rules: a chunk starts only if the longest computed one would still fit;
+a pipelined job only if a job's usual latency would still end by the limit."""
 
 from __future__ import annotations
 
-from opsynth.deadline import ChunkClock
+from opsynth.deadline import ChunkClock, JobLatency
 
 
 def test_no_limit_always_allows() -> None:
@@ -48,3 +49,19 @@ def test_a_chunk_that_stops_itself_starts_while_time_is_left() -> None:
     assert clock.allows_next(90.0, stops_mid_chunk=True)
     assert not clock.allows_next(90.0)
     assert not clock.allows_next(0.0, stops_mid_chunk=True)  # stopped stays stopped
+
+
+def test_before_any_job_came_back_the_cutoff_is_the_limit() -> None:
+    assert JobLatency().cutoff(100.0) == 100.0
+    assert JobLatency([5.0]).cutoff(None) is None
+
+
+def test_the_last_job_starts_a_usual_latency_before_the_limit() -> None:
+    """Ten jobs took 1..10 s: the 90th percentile (10 s) is reserved; one slower outlier
+    among many moves the cutoff only by its share."""
+    latency = JobLatency()
+    for seconds in range(1, 11):
+        latency.record(float(seconds))
+    assert latency.cutoff(100.0) == 90.0
+    many = JobLatency([2.0] * 99 + [60.0])
+    assert many.cutoff(100.0) == 98.0

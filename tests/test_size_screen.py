@@ -123,10 +123,13 @@ def test_a_candidate_killed_before_it_claims_a_size_is_sized_by_separate_probes(
 
 
 def test_a_chunk_stopped_or_killed_mid_way_resumes_from_its_journal(paths: dict) -> None:
-    """At its time limit the chunk starts no candidate and finishes those begun, every job
+    """Jobs that would not end by the time limit do not start. At its limit the chunk starts
+    no candidate and finishes those begun, every job
     journaled; killed later mid-way, its settled jobs are on disk too; the resumed run
     replays them instead of running them and decides as an uninterrupted inline run."""
     resumed, inline = paths["resumed"], paths["inline"]
+    # a job that would not end by the limit, judged by the jobs' latency, never starts
+    assert resumed["ran_reserved"] == resumed["journaled_reserved"] == 0, resumed
     assert 1 <= resumed["journaled_limited"] == resumed["ran_limited"] < inline["jobs"], resumed
     assert resumed["journaled"] >= resumed["journaled_limited"] + 3, resumed
     assert resumed["replayed"] == resumed["journaled"]
