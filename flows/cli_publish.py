@@ -62,6 +62,13 @@ def report(
             help="compare with a reference set: ops6k, a profile JSON, a task parquet or ORG/NAME",
         ),
     ] = None,
+    partial: Annotated[
+        bool,
+        typer.Option(
+            "--partial",
+            help="report a run its time limit stopped: its finished chunks, marked partial",
+        ),
+    ] = False,
 ) -> None:
     """Write RUN's audit report: report.html, report.md, tables/*.csv, plots/*.png; with
     --reference, also how the accepted tasks compare with that set (tables/fidelity.csv)."""
@@ -72,7 +79,7 @@ def report(
     from opsynth.store import RunDirError
 
     try:
-        data = load_run(run)
+        data = load_run(run, partial=partial)
         fidelity = fidelity_for(data, reference) if reference is not None else None
         written = write_report(data, out or run / "report", fidelity)
     except (RunDirError, ReferenceLoadError) as exc:

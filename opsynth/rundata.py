@@ -19,6 +19,9 @@ from opsynth.store import RunDir, RunDirError, read_table
 
 # run.json statuses after export: every final parquet file is written and consistent
 FINISHED = ("complete", "short")
+# a time-limited invocation's end (``opsynth run --time-limit``): the files are written and
+# consistent too, but hold only the finished chunks, so only a reader that asks gets them
+STOPPED = "stopped"
 FRAMES = ("candidates", "accepted", "verdicts")
 
 
@@ -57,12 +60,18 @@ class RunData:
         ).join(self.accepted.select("id"), on="id", how="anti")
 
 
-def load_run(root: Path) -> RunData:
-    """A finished run directory; every problem is one ``RunDirError`` line naming the fix."""
+def load_run(root: Path, *, partial: bool = False) -> RunData:
+    """A finished run directory, or with ``partial`` also one a time limit stopped (its
+    finished chunks); every problem is one ``RunDirError`` line naming the fix."""
     run = RunDir.open_existing(Path(root))
     manifest = run.read_manifest()
     status = manifest.get("status")
-    if status not in FINISHED:
+    if status == STOPPED and not partial:
+        raise RunDirError(
+            f"{root} has not finished (status {status!r}): re-run the command that made it to "
+            "finish it (`opsynth report --partial` reports its finished chunks)"
+        )
+    if status not in FINISHED and status != STOPPED:
         raise RunDirError(
             f"{root} has not finished (status {status!r}); wait for it, or re-run the command "
             "that made it to finish it"

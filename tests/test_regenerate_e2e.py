@@ -227,6 +227,15 @@ def test_sigkill_twice_then_resume_gives_identical_dataset(
     [stopped] = manifest["invocations"]
     assert stopped["status"] == "stopped" and len(stopped["chunks_computed_s"]) <= 1
     assert (out / "accepted.parquet").is_file()
+    # its finished chunks are reported only when asked, and the report says what it covers
+    refused = opsynth("report", str(out), cwd=tmp_path, env=prefect_api)
+    assert refused.returncode == 2 and "--partial" in refused.stderr, refused.stderr[-2000:]
+    assert len([line for line in refused.stderr.splitlines() if line.strip()]) == 1
+    report = tmp_path / "partial"
+    proc = opsynth("report", str(out), "--partial", "--out", str(report), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    accepted = manifest["counts"]["accepted"]
+    assert f"with {accepted} of 3 accepted" in (report / "report.md").read_text()
 
     proc = opsynth(*args, cwd=tmp_path, env=prefect_api)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -20,7 +20,7 @@ from opsynth.report.fidelity import Fidelity, category_plot, summary_line
 from opsynth.report.markdown import MAX_ROWS, html_table, markdown_table
 from opsynth.report.plots import build_plots, png
 from opsynth.report.tables import build_tables
-from opsynth.rundata import RunData
+from opsynth.rundata import STOPPED, RunData
 from opsynth.store import write_bytes_atomic
 
 TITLES = {
@@ -71,12 +71,25 @@ def header_lines(data: RunData) -> list[str]:
         ("source", data.source),
         ("kind", data.kind + (f" of {m['source']}" if m.get("source") else "")),
         ("status", m.get("status", "")),
+        ("partial", partial_note(m)),
         ("device", f"{m.get('device', '')} {m.get('filters_runtime', {}).get('device_name', '')}"),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
         ("config hash", m.get("config_hash", "")),
         ("counts", counts),
     ]
     return [f"{name}: {value}".strip() for name, value in facts if str(value).strip()]
+
+
+def partial_note(manifest: dict) -> str:
+    """For a run a time limit stopped, what its report covers; empty for a finished run."""
+    if manifest.get("status") != STOPPED:
+        return ""
+    accepted = manifest.get("counts", {}).get("accepted", 0)
+    target = manifest.get("config", {}).get("target", "?")
+    return (
+        f"the run stopped at its time limit with {accepted} of {target} accepted; this "
+        "report covers its finished chunks, not the run"
+    )
 
 
 def write_report(data: RunData, out: Path, fidelity: Fidelity | None = None) -> Report:
