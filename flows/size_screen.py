@@ -104,9 +104,10 @@ def size_and_screen(
     other candidates, which a sized variant may not take. One work file pair per chunk: a
     resumed run reuses a finished chunk whole. From ``stop_at`` (seconds since the epoch) less
     the pool's job latency (``pool.latency``) no candidate starts, so those begun end about
-    by ``stop_at``; a chunk left unfinished then raises ``ChunkStopped``. ``ahead``: the
-    next chunk, whose first jobs start on workers this chunk's tail leaves idle (``Prefetch``,
-    kept on ``pool`` for the next call)."""
+    by ``stop_at``, nor a set-aside retry; a chunk left unfinished then raises
+    ``ChunkStopped`` (the jobs not retried are not journaled: a later invocation runs them).
+    ``ahead``: the next chunk, whose first jobs start on workers this chunk's tail leaves idle
+    (``Prefetch``, kept on ``pool`` for the next call)."""
     tasks_path, verdicts_path = _work_paths(run, cfg, tasks, device, taken)
     if tasks_path.exists() and verdicts_path.exists():
         ledger.note(STAGE, True)
@@ -141,8 +142,11 @@ def size_and_screen(
             ledger.note(JOBS, True)
         for _ in range(pipeline.taken_over):
             ledger.note(PREFETCHED, False)
-        if pipeline.backlog:
-            raise ChunkStopped(f"{len(pipeline.backlog)} candidates not started")
+        if pipeline.backlog or pipeline.deferred:
+            raise ChunkStopped(
+                f"{len(pipeline.backlog)} candidates not started, "
+                f"{len(pipeline.deferred)} jobs not retried"
+            )
     verdicts = [
         v for i, task in enumerate(chunk.final) for v in chunk.pre[i] + _executed(chunk, i, task)
     ]
@@ -351,6 +355,8 @@ class _Pipeline:
         self._feed()
         while self.queue or self.deferred:
             if not self.queue:  # nothing else of the chunk runs: retry the set-aside jobs
+                if self._late():  # unless past the cutoff: a later invocation runs them anew
+                    break
                 self._retry_deferred()
                 continue
             pending = self.queue.popleft()
@@ -370,9 +376,13 @@ class _Pipeline:
         for pending in deferred:
             self._settle(pending)
 
-    def _feed(self) -> None:
+    def _late(self) -> bool:
+        """Past the time limit less the jobs' latency: no job starts any more."""
         cutoff = self.latency.cutoff(self.stop_at)
-        late = cutoff is not None and time.time() >= cutoff
+        return cutoff is not None and time.time() >= cutoff
+
+    def _feed(self) -> None:
+        late = self._late()
         while self.backlog and self._running() < self.lookahead and not late:
             self.backlog.popleft()()
         # candidates begun finish (their later jobs are not held back); none starts late

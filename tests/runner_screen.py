@@ -215,9 +215,11 @@ def retried_together(out: str, cfg: RunConfig, progress) -> dict:
     """Two tasks that run out of memory and three cheap ones, inline on a pool of two workers
     that notes each dispatch (task id, candidates already running) and each ``retry_alone``
     call (how many batches it was given), and lets retried tasks whose stated needs fit
-    100 GiB share a wave, as a GPU pool's would."""
+    100 GiB share a wave, as a GPU pool's would; then the same chunk again, past the time
+    limit's cutoff once a job has come back."""
+    from opsynth.deadline import JobLatency
     from opsynth.filters.pool import WorkerPool
-    from opsynth.flows.size_screen import size_and_screen
+    from opsynth.flows.size_screen import JOURNAL_SUFFIX, ChunkStopped, Journal, size_and_screen
     from opsynth.flows.stages import LazyPool, WorkLedger
     from opsynth.store import RunDir
     from opsynth.verdicts import group_by_task
@@ -238,6 +240,12 @@ def retried_together(out: str, cfg: RunConfig, progress) -> dict:
         def _retry_budget_gib(self) -> float:
             return 100.0
 
+    class LateOnceAJobCameBack(JobLatency):
+        """A clock-free cutoff: the limit until a job's latency is known, then long past."""
+
+        def cutoff(self, stop_at: float | None) -> float | None:
+            return 0.0 if self.seconds else stop_at
+
     run_cfg = cfg.with_section("sizing", pipelined=True, inline=True)
     run_cfg = run_cfg.with_section("filters", workers=2)
     ooms, others = [oom_task("a"), oom_task("b")], tasks()[:3]
@@ -247,14 +255,32 @@ def retried_together(out: str, cfg: RunConfig, progress) -> dict:
         lazy.pool = pool
         run = RunDir.create(Path(out) / "retried")
         _, rows = size_and_screen(run, run_cfg, chunk, "cpu", lazy, WorkLedger(), progress, set())
-        stats = dict(pool.stats)
+        stats, calls, log = dict(pool.stats), list(pool.retry_calls), list(pool.log)
+        # again, with the time limit's cutoff passed once a job has come back: the set-aside
+        # job is not retried (nor journaled) and the chunk stops
+        lazy.latency = LateOnceAJobCameBack()
+        late = RunDir.create(Path(out) / "retried_late")
+        try:
+            size_and_screen(
+                late, run_cfg, chunk, "cpu", lazy, WorkLedger(), progress, set(), time.time() + 3600
+            )
+            stopped = ""
+        except ChunkStopped as stop:
+            stopped = str(stop)
+        [journal] = (late.root / "work").glob(f"*{JOURNAL_SUFFIX}")
+        late_journaled = sorted(
+            {task_id for results in Journal(journal).done.values() for task_id in results}
+        )
     last = {task_id: found[-1] for task_id, found in group_by_task(rows).items()}
     return {
         "ooms": [t.id for t in ooms],
         "others": [t.id for t in others],
-        "log": pool.log,
-        "retry_calls": pool.retry_calls,
+        "log": log,
+        "retry_calls": calls,
         "retried_alone": stats["retried_alone"],
+        "late_retry_calls": pool.retry_calls[len(calls) :],
+        "late_stopped": stopped,
+        "late_journaled": late_journaled,
         "last": {
             task_id: [row.reason, row.measures.get("first_run")] for task_id, row in last.items()
         },

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,8 @@ def test_a_chunks_oom_jobs_are_retried_together_after_the_rest(paths: dict) -> N
     # the shared wave: both dispatched one after the other, the pool otherwise empty
     assert abs(waves[0] - waves[1]) == 1, log
     assert sorted(log[i][1] for i in waves) == [0, 1], log
+    # past the time limit's cutoff nothing set aside is retried or journaled: the chunk stops
+    assert retried["late_retry_calls"] == [], retried
+    assert re.search(r", [12] jobs not retried$", retried["late_stopped"]), retried
+    assert not set(ooms) & set(retried["late_journaled"]), retried
+    assert set(retried["late_journaled"]) <= set(others), retried
