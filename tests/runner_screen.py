@@ -215,7 +215,7 @@ def retried_together(out: str, cfg: RunConfig, progress) -> dict:
     """Two tasks that run out of memory and three cheap ones, inline on a pool of two workers
     that notes each dispatch (task id, candidates already running) and each ``retry_alone``
     call (how many batches it was given), and lets retried tasks whose stated needs fit
-    100 GiB share a wave, as a GPU pool's would; then the same chunk again, past the time
+    100 GiB share a wave, as a GPU pool's would; then one of each again, past the time
     limit's cutoff once a job has come back."""
     from opsynth.deadline import JobLatency
     from opsynth.filters.pool import WorkerPool
@@ -256,13 +256,14 @@ def retried_together(out: str, cfg: RunConfig, progress) -> dict:
         run = RunDir.create(Path(out) / "retried")
         _, rows = size_and_screen(run, run_cfg, chunk, "cpu", lazy, WorkLedger(), progress, set())
         stats, calls, log = dict(pool.stats), list(pool.retry_calls), list(pool.log)
-        # again, with the time limit's cutoff passed once a job has come back: the set-aside
-        # job is not retried (nor journaled) and the chunk stops
+        # again (one of each kind), with the time limit's cutoff passed once a job has come
+        # back: the set-aside job is not retried (nor journaled) and the chunk stops
         lazy.latency = LateOnceAJobCameBack()
         late = RunDir.create(Path(out) / "retried_late")
+        pair = [ooms[0], others[0]]
         try:
             size_and_screen(
-                late, run_cfg, chunk, "cpu", lazy, WorkLedger(), progress, set(), time.time() + 3600
+                late, run_cfg, pair, "cpu", lazy, WorkLedger(), progress, set(), time.time() + 3600
             )
             stopped = ""
         except ChunkStopped as stop:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +182,6 @@ def test_a_chunks_oom_jobs_are_retried_together_after_the_rest(paths: dict) -> N
     assert sorted(log[i][1] for i in waves) == [0, 1], log
     # past the time limit's cutoff nothing set aside is retried or journaled: the chunk stops
     assert retried["late_retry_calls"] == [], retried
-    assert re.search(r", [12] jobs not retried$", retried["late_stopped"]), retried
+    assert retried["late_stopped"].endswith(", 1 jobs not retried"), retried
     assert not set(ooms) & set(retried["late_journaled"]), retried
     assert set(retried["late_journaled"]) <= set(others), retried
