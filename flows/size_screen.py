@@ -133,7 +133,7 @@ def size_and_screen(
             journal,
             prefetched,
             upcoming,
-            pool.latency,
+            latency=pool.latency,
         )
         pipeline.stop_at = stop_at
         pipeline.run()
@@ -315,7 +315,8 @@ class _Pipeline:
         journal: Journal,
         prefetched: Prefetch | None = None,
         ahead: Prefetch | None = None,
-        latency: JobLatency | None = None,
+        *,
+        latency: JobLatency,
     ) -> None:
         from opsynth.filters.sizing import Sizer
 
@@ -324,7 +325,7 @@ class _Pipeline:
         # this chunk's first jobs started ahead; the next chunk's, to start on idle workers
         self.prefetched, self.ahead, self.taken_over = prefetched, ahead, 0
         self.stop_at: float | None = None  # the time limit: jobs started by then end by it
-        self.latency = latency if latency is not None else JobLatency()
+        self.latency = latency
         self.survivors = survivors  # sizer index -> chunk index
         self.cfg, self.window = cfg, cfg.filters.window_ms(device)
         self.sizer = Sizer([chunk.final[i] for i in survivors], self.window, cfg.sizing)

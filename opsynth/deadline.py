@@ -14,6 +14,7 @@ of its own, testable alone.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 
@@ -56,16 +57,19 @@ class JobLatency:
     (queueing included: a job submitted now waits behind those the pool holds), kept across
     chunks, so that the last jobs are started early enough to end by the limit."""
 
-    seconds: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # kept sorted
+
+    def __post_init__(self) -> None:
+        self.seconds.sort()
 
     def record(self, seconds: float) -> None:
-        self.seconds.append(seconds)
+        # sorted as they come: the cutoff is asked after every job, and a run has thousands
+        bisect.insort(self.seconds, seconds)
 
     def cutoff(self, stop_at: float | None) -> float | None:
         """When the last job may start: ``stop_at`` less the ``LATENCY_QUANTILE`` of the
         latencies seen; ``stop_at`` itself before any job came back."""
         if stop_at is None or not self.seconds:
             return stop_at
-        ordered = sorted(self.seconds)
-        index = min(len(ordered) - 1, int(LATENCY_QUANTILE * len(ordered)))
-        return stop_at - ordered[index]
+        index = min(len(self.seconds) - 1, int(LATENCY_QUANTILE * len(self.seconds)))
+        return stop_at - self.seconds[index]

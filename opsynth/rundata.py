@@ -66,16 +66,14 @@ def load_run(root: Path, *, partial: bool = False) -> RunData:
     run = RunDir.open_existing(Path(root))
     manifest = run.read_manifest()
     status = manifest.get("status")
-    if status == STOPPED and not partial:
-        raise RunDirError(
-            f"{root} has not finished (status {status!r}): re-run the command that made it to "
-            "finish it (`opsynth report --partial` reports its finished chunks)"
+    if status not in FINISHED and not (partial and status == STOPPED):
+        fix = (
+            ": re-run the command that made it to finish it (`opsynth report --partial` "
+            "reports its finished chunks)"
+            if status == STOPPED
+            else "; wait for it, or re-run the command that made it to finish it"
         )
-    if status not in FINISHED and status != STOPPED:
-        raise RunDirError(
-            f"{root} has not finished (status {status!r}); wait for it, or re-run the command "
-            "that made it to finish it"
-        )
+        raise RunDirError(f"{root} has not finished (status {status!r}){fix}")
     frames = {}
     for name in FRAMES:
         path = run.path(f"{name}.parquet")
