@@ -141,14 +141,35 @@ def _keys_chunk(maker: _KeyMaker, codes: Sequence[str]) -> list[DedupKeys]:
     return [maker.keys(code) for code in codes]
 
 
-def dedup_keys(codes: Sequence[str], cfg: DedupConfig) -> list[DedupKeys]:
-    """Keys of each code string, in order; identical strings are analysed once."""
+class KeyCache:
+    """Dedup keys kept across calls, for a set that grows: a run dedups everything accepted so
+    far after each chunk, and without this it would parse every earlier task again each time.
+    Keys depend only on the code and the key settings, so a cache serves one setting only."""
+
+    def __init__(self) -> None:
+        self.settings: _KeySettings | None = None
+        self.keys: dict[str, DedupKeys] = {}
+
+    def serving(self, settings: _KeySettings) -> dict[str, DedupKeys]:
+        if settings != self.settings:
+            self.settings, self.keys = settings, {}
+        return self.keys
+
+
+def dedup_keys(
+    codes: Sequence[str], cfg: DedupConfig, cache: KeyCache | None = None
+) -> list[DedupKeys]:
+    """Keys of each code string, in order; identical strings are analysed once, and strings
+    ``cache`` holds are not analysed again."""
     settings = key_settings(cfg)
+    known = cache.serving(settings) if cache is not None else {}
     unique: dict[str, int] = {}
     for code in codes:
-        unique.setdefault(code, len(unique))
-    keys = map_chunks(make_keymaker, (settings,), _keys_chunk, list(unique), workers=cfg.workers)
-    return [keys[unique[code]] for code in codes]
+        if code not in known:
+            unique.setdefault(code, len(unique))
+    fresh = map_chunks(make_keymaker, (settings,), _keys_chunk, list(unique), workers=cfg.workers)
+    known.update(zip(unique, fresh, strict=True))
+    return [known[code] for code in codes]
 
 
 class _UnionFind:
@@ -199,10 +220,11 @@ def near_clusters(
     return root_of, best
 
 
-def dedup(tasks: list[Task], cfg: DedupConfig) -> StepResult:
-    """Deduplicate ``tasks`` within the set; one ``dedup`` verdict per input task, in order."""
+def dedup(tasks: list[Task], cfg: DedupConfig, cache: KeyCache | None = None) -> StepResult:
+    """Deduplicate ``tasks`` within the set; one ``dedup`` verdict per input task, in order.
+    The verdicts do not depend on ``cache``, only the work does."""
     start = time.perf_counter()
-    keys = dedup_keys([t.code for t in tasks], cfg)
+    keys = dedup_keys([t.code for t in tasks], cfg, cache)
     return dedup_with_keys(tasks, keys, cfg, started=start)
 
 

@@ -58,7 +58,7 @@ def regenerate(
     (on the other paths no chunk, ``opsynth.deadline``): the run writes what it has with
     status ``stopped``, a chunk it left keeping its finished jobs in its journal
     (``flows.size_screen.Journal``), as a run killed mid-chunk does."""
-    from opsynth.ast_dedup.dedup import dedup
+    from opsynth.ast_dedup.dedup import KeyCache, dedup
 
     run = RunDir.create(Path(out))
     ledger = WorkLedger()
@@ -87,6 +87,7 @@ def regenerate(
     seen: set[str] = set()
     accepted: list[Task] = []
     dedup_verdicts: list[Verdict] = []
+    dedup_cache = KeyCache()  # each chunk dedups all accepted so far: parse each task once
     pool_stats: dict[str, Any] = {}
     screened: set[str] = set()  # candidates that went through the filters (by final id)
     unscreened: set[str] = set()
@@ -166,7 +167,7 @@ def regenerate(
                 # the round's later chunks hold only their compose verdict so far
                 passed = [t for t in candidates if t.id in screened and passed_all(t.id, by_task)]
                 with ledger.timed("dedup"):
-                    deduped = dedup(passed, cfg.dedup)
+                    deduped = dedup(passed, cfg.dedup, dedup_cache)
                 dedup_verdicts = deduped.verdicts
                 accepted = deduped.kept
     finally:

@@ -18,6 +18,7 @@ from opsynth.ast_dedup.dedup import (
     EXACT,
     NEAR,
     STRUCTURAL,
+    KeyCache,
     _keys_chunk,
     dedup,
     key_settings,
@@ -255,6 +256,35 @@ def test_result_does_not_depend_on_input_order():
     second = dedup(shuffled, cfg)
     assert {t.id for t in first.kept} == {t.id for t in second.kept}
     assert [v.task_id for v in second.verdicts] == [t.id for t in shuffled]
+
+
+def test_a_growing_set_reuses_its_keys_and_gets_the_same_verdicts(monkeypatch):
+    import opsynth.ast_dedup.dedup as dedup_module
+
+    codes = [BASE, BASE_RENAMED, BASE.replace("F.relu", "F.gelu")]
+    codes += [BASE.replace("batch_size = 128", f"batch_size = {n}") for n in (1, 2, 3)]
+    tasks = [task(c) for c in codes]
+    cfg = DedupConfig(structural=True, workers=1)
+    cache = KeyCache()
+    dedup(tasks[:3], cfg, cache)
+    parsed: list[str] = []
+    real_parse = dedup_module.parse_task_code
+
+    def counting_parse(code: str):
+        parsed.append(code)
+        return real_parse(code)
+
+    monkeypatch.setattr(dedup_module, "parse_task_code", counting_parse)
+    grown = dedup(tasks, cfg, cache)
+    assert sorted(parsed) == sorted(codes[3:])  # only the new tasks were analysed
+    fresh = dedup(tasks, cfg)
+    assert [(v.task_id, v.reason, v.measures) for v in grown.verdicts] == [
+        (v.task_id, v.reason, v.measures) for v in fresh.verdicts
+    ]
+    # keys made under other settings are not served: another setting analyses everything
+    parsed.clear()
+    dedup(tasks, DedupConfig(structural=False, workers=1), cache)
+    assert sorted(parsed) == sorted(codes)
 
 
 def test_bad_code_is_keyed_by_its_text_and_never_crashes():
