@@ -19,7 +19,7 @@ from opsynth.flows.stages import (
     versions,
 )
 from opsynth.record import utc_now
-from opsynth.store import RunDir, read_tasks
+from opsynth.store import RUNNING, RunDir, read_tasks
 from opsynth.verdicts import group_by_task, passed_all
 
 
@@ -48,7 +48,7 @@ def audit(
         "kind": "audit",
         "source": source,
         "input_rows": len(tasks),
-        "status": "running",
+        "status": RUNNING,
         "config": cfg.model_dump(mode="json"),
         "config_hash": cfg.config_hash(),
         "device": device,

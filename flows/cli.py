@@ -23,7 +23,15 @@ from opsynth.flows.cli_common import (
 )
 from opsynth.flows.runners import RunnerError
 from opsynth.funnel import funnel_rows
-from opsynth.store import RunDir, RunDirError, read_verdicts, write_tasks
+from opsynth.store import (
+    COMPLETE,
+    FINISHED,
+    STOPPED,
+    RunDir,
+    RunDirError,
+    read_verdicts,
+    write_tasks,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -97,13 +105,13 @@ def run(
     )
     if manifest.get("publish", {}).get("error"):
         console.print(f"[yellow]warning:[/] not published: {manifest['publish']['error']}")
-    if manifest["status"] == "stopped":
+    if manifest["status"] == STOPPED:
         console.print(
             f"[yellow]stopped[/] at the time limit ({time_limit:g} s) with {counts['accepted']} "
             f"of {cfg.target} accepted; re-run to resume"
         )
         raise typer.Exit(EXIT_STOPPED)
-    if manifest["status"] != "complete":
+    if manifest["status"] != COMPLETE:
         console.print(
             f"[yellow]warning:[/] only {counts['accepted']} of {cfg.target} accepted after "
             f"{cfg.max_rounds} rounds; raise max_rounds or compose.oversample"
@@ -302,7 +310,7 @@ def status(out: Annotated[Path, typer.Argument(help="a run directory")]) -> None
     try:
         run_dir = RunDir.open_existing(out)
         manifest = run_dir.read_manifest()
-        if "funnel" in manifest and manifest.get("status") in ("complete", "short", "stopped"):
+        if "funnel" in manifest and manifest.get("status") in (*FINISHED, STOPPED):
             rows = manifest["funnel"]
         else:
             verdicts = []

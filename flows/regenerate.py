@@ -34,7 +34,7 @@ from opsynth.flows.stages import (
 )
 from opsynth.quota import apportion, by_source, filled, in_quota_order, round_plan, shortfall
 from opsynth.record import Task, Verdict, utc_now
-from opsynth.store import RunDir
+from opsynth.store import COMPLETE, RUNNING, STOPPED, RunDir
 from opsynth.synth.composers import summary as compose_summary
 from opsynth.synth.sampling import TRANSFORMERS, effective_mix, split_seeds
 from opsynth.verdicts import adopt_sized, group_by_task, passed_all
@@ -68,7 +68,7 @@ def regenerate(
     manifest = run.read_manifest()
     manifest.update(
         {
-            "status": "running",
+            "status": RUNNING,
             "config": cfg.model_dump(mode="json"),
             "config_hash": cfg.config_hash(),
             "device": device,
@@ -189,8 +189,8 @@ def regenerate(
         "accepted": dict(by_source(accepted)),
         "exported": dict(by_source(ordered[: cfg.target])),
     }
-    if clock.stopped and exported["status"] != "complete":
-        manifest["status"] = "stopped"
+    if clock.stopped and exported["status"] != COMPLETE:
+        manifest["status"] = STOPPED
     manifest.update(
         {
             "work": {"reused": ledger.reused, "computed": ledger.computed},
@@ -204,7 +204,7 @@ def regenerate(
     )
     manifest["invocations"] = [*manifest.get("invocations", []), invocation(manifest, clock)]
     run.write_manifest(manifest)
-    if cfg.publish.repo_id and manifest["status"] == "complete":
+    if cfg.publish.repo_id and manifest["status"] == COMPLETE:
         manifest["publish"] = publish_stage(run, cfg)
         run.write_manifest(manifest)
     return manifest

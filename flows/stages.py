@@ -24,6 +24,8 @@ from opsynth.funnel import funnel_rows
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.stage import apply_filters
 from opsynth.store import (
+    COMPLETE,
+    SHORT,
     RunDir,
     digest,
     read_tasks,
@@ -427,7 +429,7 @@ def export(
     write_tasks(result.exported, run.path("accepted.parquet"))
     write_tasks(result.rejected, run.path("rejected.parquet"))
     return {
-        "status": "complete" if result.complete else "short",
+        "status": COMPLETE if result.complete else SHORT,
         "finished_at": utc_now(),
         "counts": {
             "seeds": len(seeds),

@@ -15,13 +15,8 @@ from typing import Any
 
 import polars as pl
 
-from opsynth.store import RunDir, RunDirError, read_table
+from opsynth.store import FINISHED, STOPPED, RunDir, RunDirError, read_table
 
-# run.json statuses after export: every final parquet file is written and consistent
-FINISHED = ("complete", "short")
-# a time-limited invocation's end (``opsynth run --time-limit``): the files are written and
-# consistent too, but hold only the finished chunks, so only a reader that asks gets them
-STOPPED = "stopped"
 FRAMES = ("candidates", "accepted", "verdicts")
 
 

@@ -22,6 +22,13 @@ import pyarrow.parquet as pq
 
 from opsynth.record import SCHEMA_VERSION, Task, Verdict
 
+# run.json ``status``. While a run works: ``running``. After export every final parquet file
+# is written and consistent: ``complete`` (the target met) or ``short`` (the rounds ran out).
+# A time-limited invocation's end (``opsynth run --time-limit``): the files are written and
+# consistent too, but hold only the finished chunks, so only a reader that asks gets them.
+RUNNING, COMPLETE, SHORT, STOPPED = "running", "complete", "short", "stopped"
+FINISHED = (COMPLETE, SHORT)
+
 TASK_SCHEMA = pa.schema(
     [
         ("id", pa.string()),

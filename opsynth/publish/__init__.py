@@ -17,7 +17,7 @@ from opsynth.publish.errors import PublishError
 from opsynth.publish.export import Export, export_run
 from opsynth.publish.hub import Pushed, check_repo_id, push
 from opsynth.rundata import load_run
-from opsynth.store import RunDirError
+from opsynth.store import COMPLETE, RunDirError
 
 EXPORT_DIR = "publish"  # <run>/publish/: the folder last pushed (or being retried)
 
@@ -65,7 +65,7 @@ def publish_run(
         raise PublishError("no repo to publish to; pass --repo-id ORG/NAME")
     check_repo_id(settings.repo_id)
     status = data.manifest.get("status")
-    if status != "complete":
+    if status != COMPLETE:
         raise PublishError(
             f"{run} is {status}: it did not reach its target; raise max_rounds or "
             "compose.oversample and re-run it before publishing"
