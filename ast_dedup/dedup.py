@@ -163,12 +163,9 @@ def dedup_keys(
     ``cache`` holds are not analysed again."""
     settings = key_settings(cfg)
     known = cache.serving(settings) if cache is not None else {}
-    unique: dict[str, int] = {}
-    for code in codes:
-        if code not in known:
-            unique.setdefault(code, len(unique))
-    fresh = map_chunks(make_keymaker, (settings,), _keys_chunk, list(unique), workers=cfg.workers)
-    known.update(zip(unique, fresh, strict=True))
+    unknown = list(dict.fromkeys(code for code in codes if code not in known))
+    fresh = map_chunks(make_keymaker, (settings,), _keys_chunk, unknown, workers=cfg.workers)
+    known.update(zip(unknown, fresh, strict=True))
     return [known[code] for code in codes]
 
 

@@ -13,29 +13,21 @@ chunk and in all, and checks that both give the same verdicts.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
-
-import pyarrow.parquet as pq
 
 from opsynth.ast_dedup.dedup import KeyCache, dedup
 from opsynth.config import DedupConfig
 from opsynth.record import Task
+from opsynth.store import read_tasks, read_verdicts
 
 RELEASE_RUN = Path(__file__).resolve().parent.parent / "data/releases/v1.0.0/run"
 
 
 def reached_dedup(run: Path) -> list[Task]:
     """The candidates with a ``dedup`` verdict, in the run's candidate order."""
-    verdicts = pq.read_table(run / "verdicts.parquet", columns=["task_id", "stage"]).to_pylist()
-    ids = {v["task_id"] for v in verdicts if v["stage"] == "dedup"}
-    rows = pq.read_table(run / "candidates.parquet").to_pylist()
-    return [
-        Task(ops=json.loads(r["ops"]), data_source=r["data_source"], code=r["code"], id=r["id"])
-        for r in rows
-        if r["id"] in ids
-    ]
+    ids = {v.task_id for v in read_verdicts(run / "verdicts.parquet") if v.stage == "dedup"}
+    return [t for t in read_tasks(run / "candidates.parquet") if t.id in ids]
 
 
 def main() -> None:
