@@ -1,10 +1,11 @@
 """Plain helpers of the worker and its children: pipes and report lines, ``/proc`` reads,
-rlimits and exit statuses. Standard library only, like the worker.
+rlimits, ``prctl`` and exit statuses. Standard library only, like the worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import resource
@@ -17,6 +18,10 @@ from typing import Any
 MAX_LINE_BYTES = 4 << 20
 CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 OUTPUT_TAIL_CHARS = 500
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 
 
 class Emitter:
@@ -202,3 +207,9 @@ def user_tasks() -> int:  # pragma: no cover - child
                 if os.stat(f"/proc/{name}").st_uid == uid:
                     count += len(os.listdir(f"/proc/{name}/task"))
     return count
+
+
+def prctl(option: int, value: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(option, value, 0, 0, 0)

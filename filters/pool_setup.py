@@ -1,0 +1,125 @@
+"""What a worker pool is set up from, decided before any worker starts (``filters.pool``): the
+device, the GPUs and the worker count, the check settings every candidate gets (and a sizing
+probe's), where the GPU locks and compile caches live, and whether untrusted code can run
+sandboxed here at all.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from opsynth.config import FiltersConfig
+from opsynth.filters import privilege, reasons, sandbox
+
+# The sizing probe: build and run the model, then time it; nothing else.
+MEASURE_STAGES = ("eager", "runtime")
+# A sizing probe's check settings: eager and the timed runs only, no window.
+MEASURE_OVERRIDES: dict[str, Any] = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
+
+
+def measure_overrides(warmup_runs: int, timed_runs: int) -> dict[str, Any]:
+    """A sizing probe's check settings with its own run counts: a probe needs far less
+    precision than a verdict, and each timed run holds the GPU exclusively."""
+    return {**MEASURE_OVERRIDES, "warmup_runs": warmup_runs, "timed_runs": timed_runs}
+
+
+# Host-wide (per user) dir of per-GPU timing locks, shared by every pool on the host.
+LOCK_DIR = os.path.join(tempfile.gettempdir(), f"opsynth-gpu-locks-{os.getuid()}")
+UNSAFE_HINT = (
+    "install bubblewrap (and libseccomp2), or allow unsandboxed execution with --unsafe "
+    "(filters.allow_unsafe = true)"
+)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``. Only asks torch whether CUDA is
+    available; the orchestrator never creates a context or runs candidate code. The one device
+    resolver: the CLI's (``flows.cli_common``) adds only its one-line errors and remote
+    clusters."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    available = torch.cuda.is_available()
+    if device == "cuda" and not available:
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device; use cpu or auto")
+    return "cuda" if available else "cpu"
+
+
+def isolation_problem(cfg: FiltersConfig) -> str:
+    """Why untrusted code could not run sandboxed under ``cfg`` (a one-line refusal naming
+    the way out), found without starting anything; "" when it can, or unsafe is allowed.
+    The pool's start-up probe has the last word."""
+    if cfg.allow_unsafe:
+        return ""
+    if cfg.sandbox == "rlimits":
+        return f"sandbox 'rlimits' runs untrusted code unisolated; {UNSAFE_HINT}"
+    why = "bwrap is not installed" if not sandbox.bwrap_available() else ""
+    why = why or privilege.seccomp_problem()
+    return f"the bwrap sandbox is unusable here: {why}; {UNSAFE_HINT}" if why else ""
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "opsynth")
+
+
+def host_cores() -> int:
+    return len(os.sched_getaffinity(0)) or 1
+
+
+def worker_count(cfg: FiltersConfig, device: str, cores: int, gpus: int) -> int:
+    """``cfg.workers``, or derived: host cores / cores_per_worker (cores_per_gpu_worker on
+    CUDA), and on CUDA at most ``max_workers_per_gpu`` per GPU but at least one per GPU."""
+    if cfg.workers:
+        return cfg.workers
+    if device == "cuda" and gpus:
+        by_cores = max(1, cores // cfg.cores_per_gpu_worker)
+        return gpus * max(1, min(cfg.max_workers_per_gpu, by_cores // gpus))
+    return max(1, cores // cfg.cores_per_worker)
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use, in CUDA order (honours CUDA_VISIBLE_DEVICES)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None and env.strip():
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+        return ids[:count]
+    return [str(i) for i in range(count)]
+
+
+def check_settings(
+    cfg: FiltersConfig, device: str, *, threads: int, lock_dir: str
+) -> dict[str, Any]:
+    """The JSON settings a worker and its checks get for every candidate."""
+    window = cfg.window_ms(device)
+    return {
+        "device": device,
+        "task_timeout_s": cfg.task_timeout_s,
+        "memory_limit_bytes": int(cfg.memory_limit_gb * 2**30),
+        "max_processes": cfg.max_processes,
+        "output_limit_bytes": cfg.output_limit_kb * 1024,
+        "file_size_limit_bytes": cfg.file_size_limit_mb << 20,
+        "threads": threads,
+        "warmup_runs": cfg.warmup_runs,
+        "timed_runs": cfg.timed_runs,
+        "window_ms": list(window),
+        "speed_factor": cfg.device_speed_factor,
+        "compile_atol": cfg.compile_atol,
+        "compile_rtol": cfg.compile_rtol,
+        "input_draws": cfg.input_draws,
+        "distinct_rtol": cfg.distinct_rtol,
+        "determinism_atol": cfg.determinism_atol,
+        "determinism_rtol": cfg.determinism_rtol,
+        "lock_dir": lock_dir,
+        "batch_timers": cfg.batch_timers,
+        "candidates_per_process": cfg.candidates_per_process(device),
+        **({} if cfg.judge else {"stages": list(reasons.STAGES)}),
+    }
