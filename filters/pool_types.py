@@ -40,6 +40,14 @@ class Ticket:
         return len(self.results) >= len(self.jobs)
 
 
+# A worker's stdout and stderr, in its own folder: read back when it dies or fails to start.
+WORKER_LOG = "worker.log"
+
+
+def log_path(directory: str) -> str:
+    return os.path.join(directory, WORKER_LOG)
+
+
 class PoolError(RuntimeError):
     """The pool cannot run candidates at all (no worker starts)."""
 
@@ -73,4 +81,4 @@ class WorkerProcess:
 
     @property
     def log_path(self) -> str:
-        return os.path.join(self.directory, "worker.log")
+        return log_path(self.directory)

@@ -19,7 +19,7 @@ from typing import Any
 
 from opsynth.config import FiltersConfig
 from opsynth.filters import privilege, sandbox
-from opsynth.filters.pool_types import PoolError, WorkerProcess
+from opsynth.filters.pool_types import PoolError, WorkerProcess, log_path
 
 # Logged under the pool's name: the module its users know (``filters.pool``).
 log = logging.getLogger("opsynth.filters.pool")
@@ -100,7 +100,7 @@ class WorkerLifecycle:
             packages=self._packages,
         )
         try:
-            with open(os.path.join(directory, "worker.log"), "wb") as logfile:
+            with open(log_path(directory), "wb") as logfile:
                 proc = subprocess.Popen(
                     launch.argv,
                     env=env,

@@ -29,8 +29,8 @@ the judge's conversation with it. The child's own side is ``filters.child_main``
 hold on its children (forking, handing over, the prestarted and the kept one)
 ``filters.children``, and its watch over the running one ``filters.watchdog``.
 
-Standard library and torch only (imported lazily in ``main``): this file must run on GPU hosts
-that have nothing else installed; so must the modules above.
+Standard library and torch only (torch imported lazily, in ``Worker.serve``): this file must
+run on GPU hosts that have nothing else installed; so must the modules above.
 """
 
 from __future__ import annotations
@@ -110,7 +110,6 @@ class Worker:
             and os.readlink("/proc/self/ns/pid") != host_pidns
             and os.getppid() == 1
         )
-        self.count = 0
         self.watchdog = Watchdog(self.children, self.private_pidns, os.sysconf("SC_PAGE_SIZE"))
         self._reader = os.fdopen(in_fd, "rb", buffering=1 << 16, closefd=False)
 
@@ -270,7 +269,6 @@ class Worker:
         reports ``done``, dies, or crosses a limit; then kill everything it started. Returns
         the merged payload of its ``info``-like events, the failure (reason, detail) if it did
         not finish, and whether every process it started was reaped."""
-        self.count += 1
         settings = job["settings"]
         # A fixed path (wiped between candidates): compile caches key on source file names.
         workdir = os.path.join(self.tmp, "candidate")
