@@ -106,10 +106,7 @@ def run(
     if manifest.get("publish", {}).get("error"):
         console.print(f"[yellow]warning:[/] not published: {manifest['publish']['error']}")
     if manifest["status"] == STOPPED:
-        console.print(
-            f"[yellow]stopped[/] at the time limit ({time_limit:g} s) with {counts['accepted']} "
-            f"of {cfg.target} accepted; re-run to resume"
-        )
+        console.print(stopped_line(manifest, time_limit, cfg.target))
         raise typer.Exit(EXIT_STOPPED)
     if manifest["status"] != COMPLETE:
         console.print(
@@ -176,6 +173,19 @@ def _starting(what: str, run_dir: RunDir, device: str) -> None:
     """The first line a long command prints, before Prefect's server starts."""
     console.print(
         f"{what} -> {run_dir.root} on {device}: starting Prefect's local server", highlight=False
+    )
+
+
+def stopped_line(manifest: dict, time_limit: float, target: int) -> str:
+    """What a run stopped by its time limit says: how far it got, the settled jobs a part-done
+    chunk keeps in its journal (in no count until the chunk ends), and how to go on."""
+    journaled = manifest.get("journaled_jobs") or 0
+    kept = (
+        f"; {journaled} settled jobs of a part-done chunk kept in its journal" if journaled else ""
+    )
+    return (
+        f"[yellow]stopped[/] at the time limit ({time_limit:g} s) with "
+        f"{manifest['counts']['accepted']} of {target} accepted{kept}; re-run to resume"
     )
 
 

@@ -18,7 +18,7 @@ from prefect import flow
 from opsynth.config import RunConfig
 from opsynth.deadline import ChunkClock
 from opsynth.flows.size_screen import STAGE as SIZE_FILTER
-from opsynth.flows.size_screen import ChunkStopped, finished, size_and_screen
+from opsynth.flows.size_screen import ChunkStopped, finished, journaled, size_and_screen
 from opsynth.flows.stages import (
     LazyPool,
     Progress,
@@ -195,6 +195,8 @@ def regenerate(
         {
             "work": {"reused": ledger.reused, "computed": ledger.computed},
             "unscreened": len(unscreened),
+            # settled jobs of a chunk left part-done, in its journal until the chunk ends
+            "journaled_jobs": len(journaled(run)),
             # this invocation's wall seconds per stage; size and filter (size_filter when
             # pipelined) include the pool's start (``pool_start``) where it was first needed
             "stage_seconds": {**ledger.seconds, "pool_start": pool_stats.get("start_s")},
@@ -226,7 +228,16 @@ def unused_standalone(seeds: list[Task], candidates: list[Task]) -> dict[str, in
 def invocation(manifest: dict[str, Any], clock: ChunkClock) -> dict[str, Any]:
     """This invocation's line of run.json's ``invocations``: a run resumed over several
     invocations (hosts, batch jobs) keeps each one's wall time, work and versions."""
-    keys = ("started_at", "finished_at", "status", "device", "versions", "work", "stage_seconds")
+    keys = (
+        "started_at",
+        "finished_at",
+        "status",
+        "device",
+        "versions",
+        "work",
+        "stage_seconds",
+        "journaled_jobs",
+    )
     line = {k: manifest.get(k) for k in keys}
     line["counts"] = dict(manifest.get("counts", {}))
     line["chunks_computed_s"] = [round(s, 3) for s in clock.computed_s]

@@ -223,6 +223,16 @@ def inline_overrides(cfg: RunConfig, window: tuple[float, float]) -> dict[str, A
     }
 
 
+def journaled(run: RunDir) -> set[str]:
+    """The keys of the jobs that settled in chunks a stop or a kill left part-done: kept in
+    their journals and replayed by the next invocation, but in no exported file until their
+    chunk ends."""
+    keys: set[str] = set()
+    for path in (run.root / "work").glob(f"*{JOURNAL_SUFFIX}"):
+        keys |= set(Journal(path).done)
+    return keys
+
+
 class Prefetch:
     """The next chunk's first jobs, started on workers the current chunk's tail leaves idle
     and taken over by the next chunk's pipeline, which settles them as if it had submitted
@@ -250,9 +260,7 @@ class Prefetch:
         jobs = [(Journal.key(v, first), v, first) for v in probes]
         jobs += [(Journal.key(t, None), t, None) for t in (sizer.sized(i) for i in finished)]
         # a job an earlier, killed run journaled is replayed, not run again
-        done = set()
-        for path in (run.root / "work").glob(f"*{JOURNAL_SUFFIX}"):
-            done |= set(Journal(path).done)
+        done = journaled(run)
         return cls([job for job in jobs if job[0] not in done])
 
     def top_up(self, pool: WorkerPool, room: int) -> None:

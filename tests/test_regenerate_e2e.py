@@ -226,6 +226,15 @@ def test_sigkill_twice_then_resume_gives_identical_dataset(
     assert manifest["counts"]["accepted"] < 3 and manifest["unscreened"] > 0
     [stopped] = manifest["invocations"]
     assert stopped["status"] == "stopped" and len(stopped["chunks_computed_s"]) <= 1
+    # the jobs a part-done chunk settled are counted where a user reads the run's progress
+    lines = [
+        json.loads(line)["job"]
+        for journal in (out / "work").glob("*.journal.jsonl")
+        for line in journal.read_text().splitlines()
+        if line.endswith("}")
+    ]
+    assert manifest["journaled_jobs"] == stopped["journaled_jobs"] == len(set(lines))
+    assert ("settled jobs of a part-done chunk" in said) == bool(lines)
     assert (out / "accepted.parquet").is_file()
     # its finished chunks are reported only when asked, and the report says what it covers
     refused = opsynth("report", str(out), cwd=tmp_path, env=prefect_api)
@@ -243,3 +252,4 @@ def test_sigkill_twice_then_resume_gives_identical_dataset(
     manifest = json.loads((out / "run.json").read_text())
     assert manifest["work"]["reused"].get("size_filter", 0) >= 1
     assert [i["status"] for i in manifest["invocations"]] == ["stopped", "complete"]
+    assert manifest["journaled_jobs"] == 0  # every chunk ended: its journal is gone
