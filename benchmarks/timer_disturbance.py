@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.timing_agreement import quantile
+
 MODES = ("idle", "cpu", "contexts", "shared", "unlocked")
 GPU_ONLY = ("contexts",)
 # The task: a chain of elementwise passes over one large tensor (memory-bound, a few kernels),
@@ -153,7 +155,7 @@ def summary(medians: list[float], reference: list[float] | None) -> dict[str, An
     found = {
         "rounds": len(ordered),
         "median_ms": round(statistics.median(ordered), 4),
-        "p95_ms": round(ordered[round(0.95 * (len(ordered) - 1))], 4),
+        "p95_ms": round(quantile(ordered, 0.95), 4),
         "max_ms": round(ordered[-1], 4),
     }
     if reference:

@@ -54,19 +54,15 @@ def band_of(ms: float) -> int:
 
 
 def band_name(index: int) -> str:
-    low = 0.0 if index == 0 else BANDS[index - 1]
-    high = BANDS[index]
-    return (
-        f"< {high:g} ms"
-        if low == 0
-        else f">= {low:g} ms"
-        if high == float("inf")
-        else (f"{low:g}-{high:g} ms")
-    )
+    if index == 0:
+        return f"< {BANDS[0]:g} ms"
+    if BANDS[index] == float("inf"):
+        return f">= {BANDS[index - 1]:g} ms"
+    return f"{BANDS[index - 1]:g}-{BANDS[index]:g} ms"
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
+def quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of values already sorted."""
     return ordered[round(q * (len(ordered) - 1))]
 
 
@@ -149,9 +145,10 @@ def report(run: Path) -> dict[str, Any]:
         )
 
     def summary(groups: dict[int, list[float]]) -> dict[str, Any]:
+        ordered = {b: sorted(v) for b, v in sorted(groups.items())}
         return {
             band_name(b): {"n": len(v), **{f"q{q:g}": round(quantile(v, q), 3) for q in QUANTILES}}
-            for b, v in sorted(groups.items())
+            for b, v in ordered.items()
         }
 
     return {
