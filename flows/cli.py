@@ -179,13 +179,10 @@ def _starting(what: str, run_dir: RunDir, device: str) -> None:
 def stopped_line(manifest: dict, time_limit: float, target: int) -> str:
     """What a run stopped by its time limit says: how far it got, the settled jobs a part-done
     chunk keeps in its journal (in no count until the chunk ends), and how to go on."""
-    journaled = manifest.get("journaled_jobs") or 0
-    kept = (
-        f"; {journaled} settled jobs of a part-done chunk kept in its journal" if journaled else ""
-    )
     return (
         f"[yellow]stopped[/] at the time limit ({time_limit:g} s) with "
-        f"{manifest['counts']['accepted']} of {target} accepted{kept}; re-run to resume"
+        f"{manifest['counts']['accepted']} of {target} accepted{_journal_part(manifest)}; "
+        "re-run to resume"
     )
 
 
@@ -212,9 +209,20 @@ def audit(
     runner: RunnerOption = None,
     runner_address: RunnerAddressOption = None,
     unsafe: UnsafeOption = False,
+    time_limit: Annotated[
+        float | None,
+        typer.Option(
+            "--time-limit",
+            help="seconds this invocation may take: no task starts that would not end by "
+            "then; the audit writes what it has checked and a re-run resumes",
+        ),
+    ] = None,
 ) -> None:
     """Run the filters, decontamination and dedup over an existing task set."""
+    stop_at = None if time_limit is None else time.time() + time_limit
     try:
+        if time_limit is not None and time_limit <= 0:
+            raise UserError(f"--time-limit must be positive, got {time_limit:g}")
         cfg = with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
         resolved = resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
         run_dir = RunDir.create(out)
@@ -229,16 +237,38 @@ def audit(
         flow = audit_flow.with_options(task_runner=engine) if engine is not None else audit_flow
         with _progress_bar() as bar:
             progress = LocalOnly(_progress_callback(bar))
-            manifest = flow(str(run_dir.root), cfg, str(tasks_file), resolved, input, progress)
+            manifest = flow(
+                str(run_dir.root), cfg, str(tasks_file), resolved, input, progress, stop_at
+            )
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         fail(str(exc))
         return
     print_funnel(manifest["funnel"], f"audit of {input} ({resolved})")
     counts = manifest["counts"]
     Console().print(
-        f"{manifest['input_rows']} rows, {counts['candidates']} unique: kept {counts['accepted']}"
-        f", rejected {counts['rejected']} -> {out}/accepted.parquet, {out}/verdicts.parquet"
+        f"{manifest['input_rows']} rows, {manifest['unique_rows']} unique, "
+        f"{counts['candidates']} checked: kept {counts['accepted']}, rejected "
+        f"{counts['rejected']} -> {out}/accepted.parquet, {out}/verdicts.parquet"
     )
+    if manifest["status"] == STOPPED:
+        console.print(audit_stopped_line(manifest, time_limit))
+        raise typer.Exit(EXIT_STOPPED)
+
+
+def audit_stopped_line(manifest: dict, time_limit: float) -> str:
+    """What an audit stopped by its time limit says: how many of its unique tasks are checked,
+    the settled jobs a part-done chunk keeps in its journal, and how to go on."""
+    return (
+        f"[yellow]stopped[/] at the time limit ({time_limit:g} s) with "
+        f"{manifest['counts']['candidates']} of {manifest['unique_rows']} unique tasks checked"
+        f"{_journal_part(manifest)}; re-run with the same --input to resume"
+    )
+
+
+def _journal_part(manifest: dict) -> str:
+    """The settled jobs a part-done chunk keeps in its journal, in no count until it ends."""
+    journaled = manifest.get("journaled_jobs") or 0
+    return f"; {journaled} settled jobs of a part-done chunk kept in its journal" * bool(journaled)
 
 
 def _load_input(input: str, sample: int | None, seed: int) -> list:

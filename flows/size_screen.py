@@ -253,12 +253,14 @@ class Prefetch:
 
         early = group_by_task(prefilter_stage(run, cfg, tasks, WorkLedger()))
         survivors = [t for t in tasks if passed_all(t.id, early)]
-        window = cfg.filters.window_ms(device)
-        sizer = Sizer(survivors, window, cfg.sizing)
-        probes, finished = sizer.start()
-        first = inline_overrides(cfg, window) if cfg.sizing.inline else probe_overrides(cfg)
-        jobs = [(Journal.key(v, first), v, first) for v in probes]
-        jobs += [(Journal.key(t, None), t, None) for t in (sizer.sized(i) for i in finished)]
+        jobs = [(Journal.key(t, None), t, None) for t in survivors]
+        if cfg.sizing.enabled:
+            window = cfg.filters.window_ms(device)
+            sizer = Sizer(survivors, window, cfg.sizing)
+            probes, finished = sizer.start()
+            first = inline_overrides(cfg, window) if cfg.sizing.inline else probe_overrides(cfg)
+            jobs = [(Journal.key(v, first), v, first) for v in probes]
+            jobs += [(Journal.key(t, None), t, None) for t in (sizer.sized(i) for i in finished)]
         # a job an earlier, killed run journaled is replayed, not run again
         done = journaled(run)
         return cls([job for job in jobs if job[0] not in done])
@@ -336,7 +338,9 @@ class _Pipeline:
         self.latency = latency
         self.survivors = survivors  # sizer index -> chunk index
         self.cfg, self.window = cfg, cfg.filters.window_ms(device)
-        self.sizer = Sizer([chunk.final[i] for i in survivors], self.window, cfg.sizing)
+        # without sizing (an audit: its tasks are checked as given) nothing is probed
+        sized = [chunk.final[i] for i in survivors] if cfg.sizing.enabled else []
+        self.sizer = Sizer(sized, self.window, cfg.sizing)
         # with sizing.inline, a candidate's first job sizes it in its own filter process
         self.first_job = self._inline if cfg.sizing.inline else self._probe
         self.inline_overrides = inline_overrides(cfg, self.window)
@@ -359,6 +363,8 @@ class _Pipeline:
 
     def run(self) -> None:
         probes, finished = self.sizer.start()
+        if not self.cfg.sizing.enabled:
+            self.backlog.extend(functools.partial(self._filter, at) for at in self.survivors)
         self.backlog.extend(functools.partial(self._sized, index) for index in finished)
         self.backlog.extend(functools.partial(self.first_job, probe) for probe in probes)
         self._feed()

@@ -888,7 +888,8 @@ class RunConfig(_Section):
         default=512,
         ge=1,
         description="candidates of a round sized and filtered together before the next ones are "
-        "sized: what a stopped run resumes from, and how far past its target a round may go",
+        "sized: what a stopped run (or audit) resumes from, and how far past its target a round "
+        "may go",
     )
     seeds: SeedsConfig = SeedsConfig()
     compose: ComposeConfig = ComposeConfig()

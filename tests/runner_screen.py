@@ -164,6 +164,7 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
         result["resumed"] = resumed(out, cfg, chunk, progress)
         result["retried"] = retried_together(out, cfg, progress)
         result["ahead"] = ahead_of_time(out, cfg, pool, progress)
+        result["as_given"] = as_given(out, cfg, pool, progress)
     finally:
         pool.close()
     return result
@@ -195,6 +196,34 @@ def ahead_of_time(out: str, cfg: RunConfig, pool, progress) -> dict:
         "verdicts": {
             t.id: [(v.stage, v.passed, v.reason) for v in rows.get(t.id, [])] for t in final
         },
+        "jobs": pool.pool.stats["candidates"] - jobs,
+        "taken_over": ledger.computed.get(PREFETCHED, 0),
+    }
+
+
+def as_given(out: str, cfg: RunConfig, pool, progress) -> dict:
+    """The chunk's tasks that the two-stage path leaves unsized (no size constant, rejected
+    statically, or a twin whose sized code the other took) as an audit checks them, sizing
+    off, pipelined in two chunks on one pool (the second's first jobs started ahead): their
+    verdicts and the jobs the pool ran."""
+    from opsynth.flows.audit import as_given as audit_settings
+    from opsynth.flows.size_screen import PREFETCHED, size_and_screen
+    from opsynth.flows.stages import WorkLedger
+    from opsynth.store import RunDir
+
+    run_cfg = audit_settings(cfg.with_section("sizing", pipelined=True))
+    run, ledger = RunDir.create(Path(out) / "as_given"), WorkLedger()
+    first, second = [sizable()[3], forbidden()], [twins()[1], *tasks()]
+    jobs = pool.pool.stats["candidates"]
+    rows = size_and_screen(run, run_cfg, first, "cpu", pool, ledger, progress, set(), None, second)[
+        1
+    ]
+    rows += size_and_screen(run, run_cfg, second, "cpu", pool, ledger, progress, set())[1]
+    verdicts: dict[str, list] = {}
+    for v in rows:
+        verdicts.setdefault(v.task_id, []).append((v.stage, v.passed, v.reason))
+    return {
+        "verdicts": verdicts,
         "jobs": pool.pool.stats["candidates"] - jobs,
         "taken_over": ledger.computed.get(PREFETCHED, 0),
     }

@@ -88,7 +88,9 @@ def test_audit_cli_on_a_dask_cluster_matches_local(
     tmp_path: Path, prefect_api: dict[str, str]
 ) -> None:
     """``opsynth audit --runner dask``: the same verdicts as the local pool, one-line errors.
-    Both runs use the session's Prefect server (the fixture above covers starting one)."""
+    The local audit is first stopped by a time limit, then resumed; run again with a time
+    limit once done, it only reads its finished chunks. All runs use the session's Prefect
+    server (the fixture above covers starting one)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from runner_screen import tasks
 
@@ -98,35 +100,50 @@ def test_audit_cli_on_a_dask_cluster_matches_local(
     write_tasks(tasks(), source)
     config = tmp_path / "cpu.toml"
     config.write_text(
-        '[filters]\nworkers = 1\nshard_size = 2\nsandbox = "rlimits"\nallow_unsafe = true\n'
+        'chunk_size = 2\n[filters]\nworkers = 1\nshard_size = 2\nsandbox = "rlimits"\n'
+        "allow_unsafe = true\n"
         "task_timeout_s = 60.0\n"
         f'cache_dir = "{ROOT / ".cache" / "test-compile"}"\n[runner]\nworkers = 2\n'
     )
-    verdicts = {}
-    for kind in ("local", "dask"):
-        out = tmp_path / kind
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "opsynth.flows.cli",
-                "audit",
-                "--input",
-                str(source),
-                "--out",
-                str(out),
-            ]
-            + ["--config", str(config), "--device", "cpu", "--runner", kind],
+
+    def audit(kind: str, *limit: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "opsynth.flows.cli", "audit", "--input", str(source)]
+            + ["--out", str(tmp_path / kind), "--config", str(config), "--device", "cpu"]
+            + ["--runner", kind, *limit],
             capture_output=True,
             text=True,
             cwd=ROOT,
             env={**os.environ, **prefect_api},
             timeout=600,
         )
+
+    # spent before its first chunk could start: it checks what it can and says how to go on
+    stopped = audit("local", "--time-limit", "1")
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    said = " ".join((stopped.stdout + stopped.stderr).split())  # as wrapped for the terminal
+    assert "stopped at the time limit (1 s) with 0 of 5 unique tasks checked" in said, said
+    assert said.endswith("re-run with the same --input to resume"), said[-2000:]
+    manifest = json.loads((tmp_path / "local" / "run.json").read_text())
+    assert manifest["status"] == "stopped" and manifest["counts"]["candidates"] < 5
+    verdicts = {}
+    for kind in ("local", "dask"):
+        done = audit(kind)
         assert done.returncode == 0, done.stderr[-3000:]
-        rows = read_verdicts(out / "verdicts.parquet")
+        rows = read_verdicts(tmp_path / kind / "verdicts.parquet")
         verdicts[kind] = sorted((v.task_id, v.stage, v.passed, v.reason) for v in rows)
     assert verdicts["dask"] == verdicts["local"] and verdicts["local"]
+    assert {v[0] for v in verdicts["local"]} == {t.id for t in tasks()}
+    manifest = json.loads((tmp_path / "local" / "run.json").read_text())
+    assert [i["status"] for i in manifest["invocations"]] == ["stopped", "complete"]
+    # finished: a time limit never skips a chunk on disk, and nothing runs again
+    again = audit("local", "--time-limit", "1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    manifest = json.loads((tmp_path / "local" / "run.json").read_text())
+    assert manifest["status"] == "complete" and manifest["journaled_jobs"] == 0
+    assert manifest["work"]["computed"] == {} and manifest["work"]["reused"]["size_filter"] == 3
+    rows = read_verdicts(tmp_path / "local" / "verdicts.parquet")
+    assert sorted((v.task_id, v.stage, v.passed, v.reason) for v in rows) == verdicts["local"]
     bad = subprocess.run(
         [sys.executable, "-m", "opsynth.flows.cli", "audit", "--input", str(source)]
         + ["--out", str(tmp_path / "bad"), "--runner", "spark"],

@@ -156,6 +156,18 @@ def test_the_next_chunks_first_jobs_run_on_workers_the_tail_leaves_idle(paths: d
         assert (got or {}).get("chosen") == (want or {}).get("chosen")
 
 
+def test_an_audit_checks_each_task_as_given_in_one_job(paths: dict) -> None:
+    """With sizing off (``opsynth audit``), nothing is probed: one filter job per task that
+    static checks pass, also for the next chunk's tasks started ahead, and the verdicts the
+    two-stage path gives the tasks it leaves unsized."""
+    given, two = paths["as_given"], paths["two_stage"]
+    assert given["jobs"] == 7, given  # plain, the second twin and the five of tasks()
+    assert len(given["verdicts"]) == 8  # and the statically rejected one, unprobed
+    for task_id, rows in given["verdicts"].items():
+        assert [tuple(r) for r in rows] == [tuple(r) for r in two["verdicts"][task_id]]
+    assert sum(rows[-1][0] == "static" for rows in given["verdicts"].values()) == 1
+
+
 def test_a_chunks_oom_jobs_are_retried_together_after_the_rest(paths: dict) -> None:
     """Jobs that end in a ``retry_alone`` reason are set aside and retried together once the
     rest of the chunk is done: one ``retry_alone`` call for both one-job batches, whose tasks
