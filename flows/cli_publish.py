@@ -28,13 +28,20 @@ def publish(
     dry_run: Annotated[
         Path | None, typer.Option("--dry-run", help="write what would be pushed to DIR, no push")
     ] = None,
+    recheck: Annotated[
+        Path | None,
+        typer.Option(
+            "--recheck",
+            help="a finished `opsynth audit` of RUN's accepted.parquet: the card states it",
+        ),
+    ] = None,
 ) -> None:
     """Push RUN to the Hub as one version: data configs, dataset card, config, manifest."""
     from opsynth.flows.cli_common import fail
     from opsynth.publish import PublishError, publish_run
 
     try:
-        done = publish_run(run, repo_id, version, private, dry_run)
+        done = publish_run(run, repo_id, version, private, dry_run, recheck)
     except PublishError as exc:
         fail(str(exc))
         return

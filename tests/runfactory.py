@@ -96,8 +96,10 @@ def measures(stage: str, rng: random.Random, index: int, reason: str) -> dict:
     }.get(stage, {})
 
 
-def judge(task: Task, rng: random.Random, index: int, audit: bool) -> list[Verdict]:
-    stop_stage, stop_reason = REJECT.get(index, ("", ""))
+def judge(
+    task: Task, rng: random.Random, index: int, audit: bool, reject: dict | None = None
+) -> list[Verdict]:
+    stop_stage, stop_reason = (REJECT if reject is None else reject).get(index, ("", ""))
     stages = (["compose"] if not audit else []) + FILTER_STAGES + ["dedup"]
     verdicts = []
     for stage in stages:
@@ -120,18 +122,28 @@ def judge(task: Task, rng: random.Random, index: int, audit: bool) -> list[Verdi
 
 
 def make_run(
-    root: Path, *, seed: int = 0, n: int = 12, audit: bool = False, target: int | None = None
+    root: Path,
+    *,
+    seed: int = 0,
+    n: int = 12,
+    audit: bool = False,
+    target: int | None = None,
+    tasks: list[Task] | None = None,
+    reject: dict[int, tuple[str, str]] | None = None,
 ) -> Path:
     """A finished run of ``n`` candidates at ``root``: five rejected (static, decontam,
-    randomness, runtime, dedup), the rest accepted; ``target`` caps them with over_target."""
+    randomness, runtime, dedup), the rest accepted; ``target`` caps them with over_target.
+    ``tasks``: these candidates instead (an audit of a given set); ``reject``: candidate
+    index -> (stage, reason) instead of the five."""
     rng = random.Random(seed)
     cfg = RunConfig()
     run = RunDir.create(root)
-    candidates = [make_task(rng, i + 100 * seed, audit) for i in range(n)]
+    candidates = tasks or [make_task(rng, i + 100 * seed, audit) for i in range(n)]
+    n = len(candidates)
     verdicts: list[Verdict] = []
     accepted: list[Task] = []
     for index, task in enumerate(candidates):
-        rows = judge(task, rng, index, audit)
+        rows = judge(task, rng, index, audit, reject)
         verdicts += rows
         if all(v.passed for v in rows):
             accepted.append(task)

@@ -16,6 +16,7 @@ from opsynth.config import PublishConfig
 from opsynth.publish.errors import PublishError
 from opsynth.publish.export import Export, export_run
 from opsynth.publish.hub import Pushed, check_repo_id, push
+from opsynth.publish.recheck import load_recheck
 from opsynth.rundata import load_run
 from opsynth.store import COMPLETE, RunDirError
 
@@ -42,9 +43,11 @@ def publish_run(
     version: str | None = None,
     private: bool | None = None,
     dry_run: Path | None = None,
+    recheck: Path | None = None,
 ) -> Published:
     """Export ``run`` and push it as ``version`` of ``repo_id`` (``dry_run``: only write the
-    export there); what is not given comes from the run's ``[publish]`` config. Raises
+    export there); what is not given comes from the run's ``[publish]`` config. ``recheck``:
+    an audit of the run's accepted rows, which the card states (``publish.recheck``). Raises
     ``PublishError`` (one line) for anything the user must fix."""
     try:
         data = load_run(run)
@@ -70,8 +73,9 @@ def publish_run(
             f"{run} is {status}: it did not reach its target; raise max_rounds or "
             "compose.oversample and re-run it before publishing"
         )
+    checked = load_recheck(recheck, data) if recheck is not None else None
     folder = Path(dry_run) if dry_run is not None else Path(run) / EXPORT_DIR
-    export = export_run(data, folder, settings.repo_id, settings.version, settings)
+    export = export_run(data, folder, settings.repo_id, settings.version, settings, checked)
     if dry_run is not None:
         return Published(export, None)
     hash_ = data.manifest.get("config_hash", "")

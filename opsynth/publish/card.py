@@ -17,7 +17,14 @@ import polars as pl
 import yaml
 
 from opsynth.config import PublishConfig
-from opsynth.publish.layout import CONFIG_PATH, MANIFEST_PATH, SPLIT, data_path
+from opsynth.publish.layout import (
+    CONFIG_PATH,
+    MANIFEST_PATH,
+    RECHECK_MANIFEST_PATH,
+    SPLIT,
+    data_path,
+)
+from opsynth.publish.recheck import Recheck
 from opsynth.report import tables as t
 from opsynth.report.markdown import markdown_table
 from opsynth.rundata import RunData
@@ -74,6 +81,7 @@ class CardInput:
     settings: PublishConfig
     rows: dict[str, int]  # config name -> rows
     config_toml: bool  # whether config.toml is shipped
+    recheck: Recheck | None = None  # the release's second, independent pass
 
 
 def size_category(n: int) -> str:
@@ -138,6 +146,52 @@ def _fidelity(data: RunData) -> list[str]:
         "",
         markdown_table(table, FIDELITY_ROWS),
     ]
+
+
+def _recheck(data: RunData, card: CardInput) -> list[str]:
+    """The re-check's section: what it found, where and how it ran, its funnel."""
+    r = card.recheck
+    if r is None:
+        return []
+    m = r.data.manifest
+    outcome = (
+        f"all {r.rows} pass every stage"
+        if r.passed == r.rows
+        else f"{r.passed} of {r.rows} pass every stage"
+    )
+    window = t.runtime_window(r.data)
+    similarity = "not measured" if r.max_similarity is None else f"{r.max_similarity:.4f}"
+    facts = [
+        ("rows re-checked", str(r.rows)),
+        ("passed", str(r.passed)),
+        ("exact or near duplicates", str(r.duplicates)),
+        ("largest KernelBench AST similarity", similarity),
+        ("runtime window", f"{window[0]:g}-{window[1]:g} ms" if window else "not recorded"),
+        ("config hash", str(m.get("config_hash", ""))),
+        ("device", str(m.get("device", ""))),
+        ("device name", str(m.get("filters_runtime", {}).get("device_name", ""))),
+        ("torch", str(m.get("versions", {}).get("torch", ""))),
+        ("CUDA", str(m.get("versions", {}).get("cuda", ""))),
+    ]
+    table = pl.DataFrame({"": [f[0] for f in facts], "value": [f[1] for f in facts]})
+    lines = [
+        "## Re-check",
+        "",
+        f"Every released row was checked again in a second, independent pass: `opsynth audit` "
+        "of the accepted rows on a fresh process pool, each task at its released size, "
+        f"through every filter, decontamination and dedup: {outcome}. Its run.json is "
+        f"`{RECHECK_MANIFEST_PATH}`.",
+        "",
+        markdown_table(table),
+        markdown_table(t.funnel(r.data)),
+    ]
+    if not r.failures.is_empty():
+        lines += [
+            "Rows the re-check did not pass, by the stage and reason that stopped them:",
+            "",
+            markdown_table(r.failures),
+        ]
+    return [*lines, "```bash", r.command, "```", ""]
 
 
 def _environment(data: RunData) -> str:
@@ -265,6 +319,7 @@ def render_card(data: RunData, card: CardInput) -> str:
         "",
         markdown_table(tables["similarity"]),
         markdown_table(tables["nearest_kernelbench"].head(5)),
+        *_recheck(data, card),
         "## How to regenerate",
         "",
         _regenerate(data, card),

@@ -27,9 +27,11 @@ from opsynth.publish.layout import (
     CARD_PATH,
     CONFIG_PATH,
     MANIFEST_PATH,
+    RECHECK_MANIFEST_PATH,
     config_frames,
     data_path,
 )
+from opsynth.publish.recheck import Recheck
 from opsynth.rundata import RunData
 from opsynth.store import write_bytes_atomic
 
@@ -69,12 +71,24 @@ def config_toml(data: RunData) -> str | None:
     return render_toml(config, header)
 
 
+def manifest_json(manifest: dict) -> bytes:
+    return (json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
 def looks_like_export(root: Path) -> bool:
     return (root / CARD_PATH).is_file() and (root / MANIFEST_PATH).is_file()
 
 
-def export_run(data: RunData, out: Path, repo_id: str, version: str, settings: PublishConfig):
-    """Write the push folder at ``out`` (replacing an earlier export there) and return it."""
+def export_run(
+    data: RunData,
+    out: Path,
+    repo_id: str,
+    version: str,
+    settings: PublishConfig,
+    recheck: Recheck | None = None,
+):
+    """Write the push folder at ``out`` (replacing an earlier export there) and return it;
+    with ``recheck``, the card states it and its run.json ships too."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not looks_like_export(out):
         raise PublishError(
@@ -83,7 +97,7 @@ def export_run(data: RunData, out: Path, repo_id: str, version: str, settings: P
     frames = config_frames(data, settings.include_rejected)
     toml = config_toml(data)
     rows = {name: frame.height for name, frame in frames.items()}
-    card = render_card(data, CardInput(repo_id, version, settings, rows, toml is not None))
+    card = render_card(data, CardInput(repo_id, version, settings, rows, toml is not None, recheck))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
@@ -91,8 +105,10 @@ def export_run(data: RunData, out: Path, repo_id: str, version: str, settings: P
             path = staging / data_path(name)
             path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(to_arrow(frame), path, compression=PARQUET_COMPRESSION)
-        manifest = json.dumps(data.manifest, indent=2, sort_keys=True, default=str) + "\n"
-        write_bytes_atomic(staging / MANIFEST_PATH, manifest.encode())
+        write_bytes_atomic(staging / MANIFEST_PATH, manifest_json(data.manifest))
+        if recheck is not None:
+            checked = manifest_json(recheck.data.manifest)
+            write_bytes_atomic(staging / RECHECK_MANIFEST_PATH, checked)
         if toml is not None:
             write_bytes_atomic(staging / CONFIG_PATH, toml.encode())
         write_bytes_atomic(staging / CARD_PATH, card.encode())

@@ -22,6 +22,8 @@ OPS6K_COLUMNS = ["ops", "data_source", "code"]
 TASK_COLUMNS = TASK_SCHEMA.names
 SPLIT = "train"
 MANIFEST_PATH = "opsynth/run.json"
+# the release re-check's run.json (``opsynth publish --recheck``), when there is one
+RECHECK_MANIFEST_PATH = "opsynth/recheck.json"
 CARD_PATH = "README.md"
 CONFIG_PATH = "config.toml"  # the run's config, to regenerate it with `--config`
 
