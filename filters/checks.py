@@ -72,6 +72,9 @@ class Settings:
     determinism_rtol: float = 1e-5
     lock_dir: str = ""
     batch_timers: bool = True
+    # Timed runs hold the GPU alone; a sizing probe may time in the shared section instead
+    # (``sizing.probe_exclusive``), where it needs only to land within a factor-3 band.
+    timed_exclusive: bool = True
     # The stages to run, in order: all of them to filter, a subset to measure (sizing).
     stages: tuple[str, ...] = STAGES
 
@@ -586,7 +589,8 @@ def compile_locked(model: Any, shared: Callable[[], Any] | None) -> Any:
 
 def time_runs(c: Candidate, fn: Any, slow_ms: float | None) -> list[float]:
     """Milliseconds per run after warm-up. On CUDA: events, synchronize, L2 flushed before each
-    run, and the GPU's lock held exclusively, so no other worker's GPU work overlaps. On CPU:
+    run, and the GPU's lock held exclusively, so no other worker's GPU work overlaps (in the
+    shared section instead when the settings say so: a sizing probe's option). On CPU:
     wall time, which an oversubscribed host inflates (a worker with 2 intra-op threads on 2
     busy cores read a 10 us forward as 10 ms), so CPU windows are only as good as the host is
     quiet.
@@ -599,7 +603,7 @@ def time_runs(c: Candidate, fn: Any, slow_ms: float | None) -> list[float]:
                 fn(*args)
             c.sync()
         times: list[float] = []
-        with c.gpu_lock():
+        with c.gpu_lock(exclusive=c.s.timed_exclusive):
             for _ in range(c.s.timed_runs):
                 if c.cuda:
                     c.flush_l2()

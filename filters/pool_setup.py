@@ -17,12 +17,17 @@ from opsynth.filters import privilege, reasons, sandbox
 MEASURE_STAGES = ("eager", "runtime")
 # A sizing probe's check settings: eager and the timed runs only, no window.
 MEASURE_OVERRIDES: dict[str, Any] = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
+# The check setting that says whether timed runs hold the GPU alone (``filters.checks.Settings``)
+TIMED_EXCLUSIVE = "timed_exclusive"
 
 
-def measure_overrides(warmup_runs: int, timed_runs: int) -> dict[str, Any]:
+def measure_overrides(warmup_runs: int, timed_runs: int, exclusive: bool = True) -> dict[str, Any]:
     """A sizing probe's check settings with its own run counts: a probe needs far less
-    precision than a verdict, and each timed run holds the GPU exclusively."""
-    return {**MEASURE_OVERRIDES, "warmup_runs": warmup_runs, "timed_runs": timed_runs}
+    precision than a verdict, and each timed run holds the GPU exclusively, unless not
+    ``exclusive`` (``sizing.probe_exclusive``; named only when off, so that a probe's job key
+    is what it was before the setting existed)."""
+    found = {**MEASURE_OVERRIDES, "warmup_runs": warmup_runs, "timed_runs": timed_runs}
+    return found if exclusive else {**found, TIMED_EXCLUSIVE: False}
 
 
 # Host-wide (per user) dir of per-GPU timing locks, shared by every pool on the host.

@@ -63,6 +63,7 @@ def size_here(code_path: str, settings: dict[str, Any], measure: Measure) -> dic
         "window_ms": [0.0, 1e300],
         "warmup_runs": spec["warmup_runs"],
         "timed_runs": spec["timed_runs"],
+        "timed_exclusive": bool(spec.get("exclusive", True)),
     }
     path = os.path.join(os.path.dirname(code_path), PROBE_FILE)
     value: int | None = knob.value

@@ -166,13 +166,15 @@ class RuleSettings:
 def inline_settings(cfg: Any, window: tuple[float, float]) -> dict[str, Any]:
     """The ``sizing`` entry of a filter job's settings that asks the candidate's own process
     to size it first (``filters.size_inline``), under ``cfg`` (``SizingConfig``)."""
-    return {
+    spec = {
         "constant_names": list(cfg.constant_names),
         "target_ms": target_ms(window),
         "rule": RuleSettings.of(cfg).to_json(),
         "warmup_runs": cfg.probe_warmup_runs,
         "timed_runs": cfg.probe_timed_runs,
     }
+    # named only when off: a job's key (its settings) is then what it was before the setting
+    return spec if cfg.probe_exclusive else {**spec, "exclusive": False}
 
 
 def next_value(value: int, ms: float, target: float, cfg: Rule) -> int:

@@ -311,7 +311,10 @@ def probe_overrides(cfg: RunConfig) -> dict[str, Any]:
     """A sizing probe's check settings, with ``[sizing]``'s run counts."""
     from opsynth.filters.pool import measure_overrides
 
-    return measure_overrides(cfg.sizing.probe_warmup_runs, cfg.sizing.probe_timed_runs)
+    sizing = cfg.sizing
+    return measure_overrides(
+        sizing.probe_warmup_runs, sizing.probe_timed_runs, sizing.probe_exclusive
+    )
 
 
 @task(name="size", cache_policy=NO_CACHE)

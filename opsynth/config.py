@@ -78,21 +78,30 @@ class ConfigError(ValueError):
 # Marks a setting that changes how fast or where work runs, never what it decides: work files'
 # keys (``_Section.work_dump``) hash it at its default, so tuning it reuses the work done.
 SPEED_ONLY: dict[str, object] = {"speed_only": True}
+# Marks a setting added after runs were made, whose default keeps what they did: left out of
+# work keys and config hashes while at its default, so adding it invalidates no work on disk
+# and no recorded hash (a release made over several invocations resumes); set otherwise, it is
+# hashed like any setting that decides.
+ADDED_AT_DEFAULT: dict[str, object] = {"added_at_default": True}
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def work_dump(self) -> dict[str, object]:
-        """The section as JSON with every ``SPEED_ONLY`` setting at its default: what a work
-        file's key hashes, so a resumed run with more workers, another shard size or process
-        reuse finds the work an earlier invocation wrote (at the defaults, exactly
-        ``model_dump``)."""
+        """The section as JSON with every ``SPEED_ONLY`` setting at its default and every
+        ``ADDED_AT_DEFAULT`` one left out while at its default: what a work file's key hashes,
+        so a resumed run with more workers, another shard size or process reuse finds the work
+        an earlier invocation wrote, and so does one made before a setting was added (at the
+        defaults, ``model_dump`` less the added settings)."""
         data = self.model_dump(mode="json")
         defaults = type(self)().model_dump(mode="json")
         for name, field in type(self).model_fields.items():
-            if (field.json_schema_extra or {}) == SPEED_ONLY:
+            extra = field.json_schema_extra or {}
+            if extra == SPEED_ONLY:
                 data[name] = defaults[name]
+            elif extra == ADDED_AT_DEFAULT and data[name] == defaults[name]:
+                del data[name]
         return data
 
 
@@ -668,6 +677,15 @@ class SizingConfig(_Section):
         description="timed runs of a sizing probe (their median is the measurement). A probe "
         "needs only to land within the band (a factor of 3), not the filters' precision, and "
         "every timed run holds the GPU exclusively, which all workers queue for",
+    )
+    probe_exclusive: bool = Field(
+        json_schema_extra=ADDED_AT_DEFAULT,
+        default=True,
+        description="time a sizing probe's runs holding the GPU alone, as the runtime stage "
+        "times its own; off, they run in the shared section beside the other workers' GPU work. "
+        "A probe needs only to land within the band (a factor of 3), and every exclusive "
+        "section first drains the device of every worker's work; the runtime stage's window "
+        "is timed alone either way",
     )
     pipelined: bool = Field(
         json_schema_extra=SPEED_ONLY,

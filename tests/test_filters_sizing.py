@@ -372,6 +372,64 @@ def test_a_probe_that_poisons_the_context_ends_inline_sizing(tmp_path: Path) -> 
     assert claim["chosen"] == 8 and "batch_size = 8  # rows" in path.read_text()
 
 
+def test_probes_may_time_in_the_shared_section(tmp_path: Path) -> None:
+    """``sizing.probe_exclusive`` off: every probe, inline or separate, times its runs in the
+    GPU's shared section; on (the default), their settings are what they were before the
+    setting existed, so the jobs' keys and the config's hash are too."""
+    import contextlib
+
+    import torch
+
+    from opsynth.config import RunConfig
+    from opsynth.filters import checks
+    from opsynth.filters.size_inline import size_here
+    from opsynth.flows.stages import probe_overrides
+
+    shared = SizingConfig(probe_exclusive=False)
+    assert "exclusive" not in inline_settings_for(CFG)["sizing"]
+    assert "timed_exclusive" not in probe_overrides(RunConfig())
+    assert (
+        probe_overrides(RunConfig().with_section("sizing", probe_exclusive=False))[
+            "timed_exclusive"
+        ]
+        is False
+    )
+    assert "probe_exclusive" not in RunConfig().sizing.work_dump()
+    assert RunConfig(sizing=shared).sizing.work_dump()["probe_exclusive"] is False
+
+    seen: list[dict] = []
+
+    def probe(path: str, settings: dict) -> tuple:
+        seen.append(settings)
+        return checks.Probe(5.0, "cpu"), None
+
+    path = tmp_path / "candidate.py"
+    for cfg in (CFG, CFG.model_copy(update={"probe_exclusive": False})):
+        path.write_text(ELEMENTWISE.format(batch=8))
+        size_here(str(path), inline_settings_for(cfg), probe)
+    assert [checks.Settings.from_dict(s).timed_exclusive for s in (seen[0], seen[-1])] == [
+        True,
+        False,
+    ]
+
+    class Recorded(checks.Candidate):
+        """Notes whether each GPU section it takes is exclusive."""
+
+        taken: list[bool] = []
+
+        def gpu_lock(self, *, exclusive: bool = True):
+            self.taken.append(exclusive)
+            return contextlib.nullcontext()
+
+    for exclusive in (True, False):
+        Recorded.taken = []
+        settings = checks.Settings(warmup_runs=1, timed_runs=2, timed_exclusive=exclusive)
+        c = Recorded(str(path), settings)
+        c.inputs = [torch.ones(4)]
+        assert len(checks.time_runs(c, lambda x: x + 1, None)) == 2
+        assert Recorded.taken == [False, exclusive]  # warm-up shared; timed runs as set
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_a_candidate_is_sized_and_filtered_in_one_process() -> None:
     """Inline sizing on a real GPU: the elementwise task grows, each step with its memory
