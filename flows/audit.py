@@ -26,7 +26,7 @@ from opsynth.flows.stages import (
     versions,
 )
 from opsynth.record import Task, Verdict, utc_now
-from opsynth.store import RUNNING, STOPPED, RunDir, read_tasks
+from opsynth.store import RUNNING, STOPPED, RunDir, digest, read_tasks
 from opsynth.verdicts import group_by_task, passed_all
 
 
@@ -54,11 +54,18 @@ def audit(
     pool = LazyPool(checks, device)
     # the same task can occur twice in a set (Ops-6K has exact duplicate rows): screen once
     unique = list({t.id: t for t in tasks}.values())
-    manifest = run.read_manifest()  # an earlier invocation's lines are kept
+    input_digest = digest([t.id for t in unique])
+    manifest = run.read_manifest()
+    if (manifest.get("input_digest"), manifest.get("config_hash")) != (
+        input_digest,
+        cfg.config_hash(),
+    ):  # another audit was here: its invocation lines do not describe this one
+        manifest = {}
     manifest.update(
         {
             "kind": "audit",
             "source": source,
+            "input_digest": input_digest,
             "input_rows": len(tasks),
             "status": RUNNING,
             "config": cfg.model_dump(mode="json"),

@@ -144,6 +144,13 @@ def test_audit_cli_on_a_dask_cluster_matches_local(
     assert manifest["work"]["computed"] == {} and manifest["work"]["reused"]["size_filter"] == 3
     rows = read_verdicts(tmp_path / "local" / "verdicts.parquet")
     assert sorted((v.task_id, v.stage, v.passed, v.reason) for v in rows) == verdicts["local"]
+    # another input into the same directory: its history alone, the first chunk's work reused
+    write_tasks(tasks()[:2], source)
+    other = audit("local")
+    assert other.returncode == 0, other.stderr[-3000:]
+    manifest = json.loads((tmp_path / "local" / "run.json").read_text())
+    assert [i["status"] for i in manifest["invocations"]] == ["complete"], manifest
+    assert manifest["unique_rows"] == 2 and manifest["work"]["computed"] == {}
     bad = subprocess.run(
         [sys.executable, "-m", "opsynth.flows.cli", "audit", "--input", str(source)]
         + ["--out", str(tmp_path / "bad"), "--runner", "spark"],
