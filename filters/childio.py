@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 # Longest report line accepted from a child; a longer one is garbage.
-MAX_LINE_BYTES = 4 << 20
+MAX_CHILD_LINE_BYTES = 4 << 20
 CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 OUTPUT_TAIL_CHARS = 500
 
@@ -110,7 +110,7 @@ def read_line(fd: int, deadline: float, pending: bytes = b"") -> bytes:
         if not chunk:
             return b""
         data += chunk
-        if len(data) > MAX_LINE_BYTES:
+        if len(data) > MAX_CHILD_LINE_BYTES:
             return b""
     return data.partition(b"\n")[0]
 

@@ -22,8 +22,10 @@ from opsynth.filters.pool_types import Ticket, WorkerProcess
 from opsynth.filters.pool_workers import exit_detail
 from opsynth.record import Verdict
 
-# Largest protocol line accepted from a worker (a verdict row is a few KB).
-MAX_LINE_BYTES = 16 << 20
+# Largest protocol line accepted from a worker (a verdict row is a few KB). Above the child's
+# limit (filters.childio.MAX_CHILD_LINE_BYTES): a worker's line relays what its child
+# reported, with the verdict rows around it.
+MAX_WORKER_LINE_BYTES = 16 << 20
 
 
 class WorkerEvents:
@@ -84,7 +86,7 @@ class WorkerEvents:
                 return events
             if isinstance(event, dict):
                 events.append(event)
-        if len(worker.buffer) > MAX_LINE_BYTES:
+        if len(worker.buffer) > MAX_WORKER_LINE_BYTES:
             self._lost(worker, "worker_lost", "worker sent an oversized line")
         return events
 

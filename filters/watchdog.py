@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsynth.filters.childio import MAX_LINE_BYTES, drain, exit_failure, proc_stat
+from opsynth.filters.childio import MAX_CHILD_LINE_BYTES, drain, exit_failure, proc_stat
 from opsynth.filters.children import REAP_S, Children
 
 # How often the parent checks the child's clock, processes, memory and output (seconds).
@@ -128,7 +128,7 @@ class Watchdog:
                         return result
             else:
                 time.sleep(POLL_S)
-            if len(buffer) > MAX_LINE_BYTES:
+            if len(buffer) > MAX_CHILD_LINE_BYTES:
                 return failed("crashed", "the candidate wrote an oversized report line")
             done_pid, status = os.waitpid(pid, os.WNOHANG)
             if done_pid:
