@@ -47,12 +47,17 @@ if TYPE_CHECKING:
     from opsynth.filters.pool import Ticket, WorkerPool
 
 STAGE = "size_filter"
+# The stage's name with sizing off (``opsynth audit``): each task is checked as given, and its
+# work files, progress and ledger lines say so.
+AS_GIVEN = "screen"
 # A chunk's journal of settled jobs sits beside its work file: size_filter-<key>.journal.jsonl
 JOURNAL_SUFFIX = ".journal.jsonl"
-# run.json's work ledger counts jobs replayed from a journal under this name, and jobs started
-# ahead, on workers the previous chunk's tail left idle, under this one
-JOBS = "size_filter_jobs"
-PREFETCHED = "size_filter_jobs_ahead"
+# run.json's work ledger counts jobs replayed from a journal under the stage's name with this
+# suffix, and jobs started ahead, on workers the previous chunk's tail left idle, with this one
+JOBS_SUFFIX = "_jobs"
+AHEAD_SUFFIX = "_jobs_ahead"
+JOBS = STAGE + JOBS_SUFFIX
+PREFETCHED = STAGE + AHEAD_SUFFIX
 # Initial probes queued ahead of the workers, per worker: enough that none idles, few enough
 # that a candidate's next probe or its filter run (queued behind them) starts soon, so the
 # chunk ends with few long chains still running.
@@ -82,6 +87,11 @@ class _Chunk:
     done: int = 0
 
 
+def stage_name(cfg: RunConfig) -> str:
+    """``size_filter``, or ``screen`` where sizing is off."""
+    return STAGE if cfg.sizing.enabled else AS_GIVEN
+
+
 class ChunkStopped(Exception):
     """The time limit came mid-chunk: the candidates begun by then are done and in the chunk's
     journal, the rest never started; a later run resumes the chunk from there."""
@@ -108,16 +118,17 @@ def size_and_screen(
     ``ChunkStopped`` (the jobs not retried are not journaled: a later invocation runs them).
     ``ahead``: the next chunk, whose first jobs start on workers this chunk's tail leaves idle
     (``Prefetch``, kept on ``pool`` for the next call)."""
+    stage = stage_name(cfg)
     tasks_path, verdicts_path = _work_paths(run, cfg, tasks, device, taken)
     if tasks_path.exists() and verdicts_path.exists():
-        ledger.note(STAGE, True)
-        progress(STAGE, len(tasks), len(tasks))
+        ledger.note(stage, True)
+        progress(stage, len(tasks), len(tasks))
         return read_tasks(tasks_path), read_verdicts(verdicts_path)
     early = group_by_task(prefilter_stage(run, cfg, tasks, ledger))
     chunk = _Chunk(final=list(tasks), pre=[early.get(t.id, []) for t in tasks])
     survivors = [i for i, t in enumerate(tasks) if passed_all(t.id, early)]
     chunk.done = len(tasks) - len(survivors)
-    progress(STAGE, chunk.done, len(tasks))
+    progress(stage, chunk.done, len(tasks))
     journal = Journal(tasks_path.with_name(tasks_path.stem + JOURNAL_SUFFIX))
     prefetched, pool.prefetch = pool.prefetch, None
     if survivors:
@@ -139,9 +150,9 @@ def size_and_screen(
         pipeline.run()
         pool.prefetch = upcoming
         for _ in range(pipeline.replayed):
-            ledger.note(JOBS, True)
+            ledger.note(stage + JOBS_SUFFIX, True)
         for _ in range(pipeline.taken_over):
-            ledger.note(PREFETCHED, False)
+            ledger.note(stage + AHEAD_SUFFIX, False)
         if pipeline.backlog or pipeline.deferred:
             raise ChunkStopped(
                 f"{len(pipeline.backlog)} candidates not started, "
@@ -153,7 +164,7 @@ def size_and_screen(
     write_tasks(chunk.final, tasks_path)
     write_verdicts(verdicts, verdicts_path)  # last: its presence marks the chunk done
     journal.path.unlink(missing_ok=True)
-    ledger.note(STAGE, False)
+    ledger.note(stage, False)
     return chunk.final, verdicts
 
 
@@ -210,7 +221,8 @@ def _work_paths(
     """The chunk's final tasks and its verdicts (written last: the chunk is done)."""
     parts = (cfg.sizing, cfg.filters, cfg.decontam)
     key = digest(*[p.work_dump() for p in parts], device, [t.id for t in tasks], sorted(taken))
-    return run.work_path(STAGE, key), run.work_path(f"{STAGE}-verdicts", key)
+    stage = stage_name(cfg)
+    return run.work_path(stage, key), run.work_path(f"{stage}-verdicts", key)
 
 
 def inline_overrides(cfg: RunConfig, window: tuple[float, float]) -> dict[str, Any]:
@@ -551,4 +563,4 @@ class _Pipeline:
     def _done(self) -> None:
         self.chunk.done += 1
         total = len(self.chunk.final)
-        self.progress(STAGE, min(self.chunk.done, total), total)
+        self.progress(stage_name(self.cfg), min(self.chunk.done, total), total)

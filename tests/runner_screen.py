@@ -207,7 +207,7 @@ def as_given(out: str, cfg: RunConfig, pool, progress) -> dict:
     off, pipelined in two chunks on one pool (the second's first jobs started ahead): their
     verdicts and the jobs the pool ran."""
     from opsynth.flows.audit import as_given as audit_settings
-    from opsynth.flows.size_screen import PREFETCHED, size_and_screen
+    from opsynth.flows.size_screen import AHEAD_SUFFIX, AS_GIVEN, size_and_screen
     from opsynth.flows.stages import WorkLedger
     from opsynth.store import RunDir
 
@@ -225,7 +225,7 @@ def as_given(out: str, cfg: RunConfig, pool, progress) -> dict:
     return {
         "verdicts": verdicts,
         "jobs": pool.pool.stats["candidates"] - jobs,
-        "taken_over": ledger.computed.get(PREFETCHED, 0),
+        "taken_over": ledger.computed.get(AS_GIVEN + AHEAD_SUFFIX, 0),
     }
 
 

@@ -141,7 +141,7 @@ def test_audit_cli_on_a_dask_cluster_matches_local(
     assert again.returncode == 0, again.stderr[-3000:]
     manifest = json.loads((tmp_path / "local" / "run.json").read_text())
     assert manifest["status"] == "complete" and manifest["journaled_jobs"] == 0
-    assert manifest["work"]["computed"] == {} and manifest["work"]["reused"]["size_filter"] == 3
+    assert manifest["work"]["computed"] == {} and manifest["work"]["reused"]["screen"] == 3
     rows = read_verdicts(tmp_path / "local" / "verdicts.parquet")
     assert sorted((v.task_id, v.stage, v.passed, v.reason) for v in rows) == verdicts["local"]
     # another input into the same directory: its history alone, the first chunk's work reused
