@@ -56,11 +56,9 @@ def audit(
     unique = list({t.id: t for t in tasks}.values())
     input_digest = digest([t.id for t in unique])
     manifest = run.read_manifest()
-    if (manifest.get("input_digest"), manifest.get("config_hash")) != (
-        input_digest,
-        cfg.config_hash(),
-    ):  # another audit was here: its invocation lines do not describe this one
-        manifest = {}
+    same_audit = (input_digest, cfg.config_hash())
+    if (manifest.get("input_digest"), manifest.get("config_hash")) != same_audit:
+        manifest = {}  # another audit was here: its invocation lines do not describe this one
     manifest.update(
         {
             "kind": "audit",

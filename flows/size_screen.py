@@ -56,8 +56,6 @@ JOURNAL_SUFFIX = ".journal.jsonl"
 # suffix, and jobs started ahead, on workers the previous chunk's tail left idle, with this one
 JOBS_SUFFIX = "_jobs"
 AHEAD_SUFFIX = "_jobs_ahead"
-JOBS = STAGE + JOBS_SUFFIX
-PREFETCHED = STAGE + AHEAD_SUFFIX
 # Initial probes queued ahead of the workers, per worker: enough that none idles, few enough
 # that a candidate's next probe or its filter run (queued behind them) starts soon, so the
 # chunk ends with few long chains still running.
@@ -350,6 +348,7 @@ class _Pipeline:
         self.latency = latency
         self.survivors = survivors  # sizer index -> chunk index
         self.cfg, self.window = cfg, cfg.filters.window_ms(device)
+        self.stage = stage_name(cfg)
         # without sizing (an audit: its tasks are checked as given) nothing is probed
         sized = [chunk.final[i] for i in survivors] if cfg.sizing.enabled else []
         self.sizer = Sizer(sized, self.window, cfg.sizing)
@@ -563,4 +562,4 @@ class _Pipeline:
     def _done(self) -> None:
         self.chunk.done += 1
         total = len(self.chunk.final)
-        self.progress(stage_name(self.cfg), min(self.chunk.done, total), total)
+        self.progress(self.stage, min(self.chunk.done, total), total)

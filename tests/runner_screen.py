@@ -175,7 +175,7 @@ def ahead_of_time(out: str, cfg: RunConfig, pool, progress) -> dict:
     ones run (``flows.size_screen.Prefetch``): the second chunk's result, the jobs both ran
     and how many of them the second took over from the first."""
     from opsynth.flows.regenerate import size_and_filter
-    from opsynth.flows.size_screen import PREFETCHED
+    from opsynth.flows.size_screen import AHEAD_SUFFIX, STAGE
     from opsynth.flows.stages import WorkLedger
     from opsynth.store import RunDir
     from opsynth.verdicts import group_by_task
@@ -197,7 +197,7 @@ def ahead_of_time(out: str, cfg: RunConfig, pool, progress) -> dict:
             t.id: [(v.stage, v.passed, v.reason) for v in rows.get(t.id, [])] for t in final
         },
         "jobs": pool.pool.stats["candidates"] - jobs,
-        "taken_over": ledger.computed.get(PREFETCHED, 0),
+        "taken_over": ledger.computed.get(STAGE + AHEAD_SUFFIX, 0),
     }
 
 
@@ -329,7 +329,7 @@ def resumed(out: str, cfg: RunConfig, chunk: list[Task], progress) -> dict:
     held at each step, what the last pool ran, and the result."""
     from opsynth.deadline import JobLatency
     from opsynth.flows.regenerate import size_and_filter
-    from opsynth.flows.size_screen import JOBS, JOURNAL_SUFFIX, ChunkStopped, Journal
+    from opsynth.flows.size_screen import JOBS_SUFFIX, JOURNAL_SUFFIX, STAGE, ChunkStopped, Journal
     from opsynth.flows.stages import LazyPool, WorkLedger, prefilter_stage
     from opsynth.store import RunDir
     from opsynth.verdicts import group_by_task
@@ -390,7 +390,7 @@ def resumed(out: str, cfg: RunConfig, chunk: list[Task], progress) -> dict:
         "journaled_limited": held_limited,
         "ran_first": ran_first,
         "journaled": held,
-        "replayed": ledger.reused.get(JOBS, 0),
+        "replayed": ledger.reused.get(STAGE + JOBS_SUFFIX, 0),
         "ran_second": ran_second,
         "journal_left": journal.exists(),
         "final": [[t.id, t.meta.get("sizing")] for t in final],
