@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from opsynth.filters.checks import compile_locked, draw_inputs, gpu_lock, load_module
+from opsynth.filters.candidate_load import draw_inputs, load_module
+from opsynth.filters.gpu_sections import compile_locked, gpu_lock
 
 Event = torch.cuda.Event
 synchronize = torch.cuda.synchronize

@@ -31,7 +31,7 @@ from opsynth.evaluator.harness import (
     stage_build,
 )
 from opsynth.evaluator.kernels import COUNT_LIMIT, NAME_LIMIT
-from opsynth.filters.checks import compile_locked
+from opsynth.filters.gpu_sections import compile_locked
 from opsynth.filters.serve import Refusal, Runner
 
 REFERENCE, SOLUTION = "reference", "solution"

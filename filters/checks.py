@@ -13,24 +13,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import functools
 import gc
-import importlib.util
 import math
 import os
-import random
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from opsynth.filters import compare
+from opsynth.filters.candidate_load import (
+    CANDIDATE_MODULE,
+    draw_inputs,
+    load_module,
+    seed_all,
+    to_device,
+)
 from opsynth.filters.device_init import cpu_name, device_init_for
-from opsynth.filters.gpulock import exclusive_s, gpu_section, held, waited_s
+from opsynth.filters.failures import DETAIL_LIMIT, Fail, classify, describe
+from opsynth.filters.gpu_sections import compile_locked, gpu_lock
+from opsynth.filters.gpulock import exclusive_s, waited_s
 from opsynth.filters.harness import CODE_FILE, stages_of
 from opsynth.filters.reasons import STAGES, VERIFY
 from opsynth.filters.serve import Runner, flush_l2
@@ -44,7 +49,6 @@ SEED_INIT = 0
 SEED_INPUTS = 1000
 SEED_RUN = 2000
 
-CANDIDATE_MODULE = "candidate"
 # Cached, unused device memory below this stays with the allocator after a stage: giving it
 # back costs a pass through the GPU lock, for too little to spare a neighbour an ``oom``.
 RELEASE_MIN_BYTES = 256 << 20
@@ -52,7 +56,6 @@ RELEASE_MIN_BYTES = 256 << 20
 # their outputs) and compile is followed by the judge's requests; after eager and randomness
 # the next stage would only allocate the same blocks again.
 RELEASE_AFTER = ("degenerate", "compile")
-DETAIL_LIMIT = 2000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,16 +89,6 @@ class Settings:
         if "window_ms" in values:
             values["window_ms"] = tuple(values["window_ms"])
         return cls(**values)
-
-
-class Fail(Exception):
-    """A stage's rejection: a reason code, a human detail and the measured values."""
-
-    def __init__(self, reason: str, detail: str = "", **measures: Any) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-        self.measures = measures
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,12 +246,12 @@ class Candidate:
 
     def draw_from(self, seed: int) -> list[Any]:
         """The input draw of RNG seed ``seed``, on the device."""
-        _seed(seed)
+        seed_all(seed)
         with self.gpu_shared():
             raw = draw_inputs(self.module.get_inputs, self.device, seed)
         if not isinstance(raw, list | tuple):
             raise Fail("init_error", f"get_inputs() returned {type(raw).__name__}, not a list")
-        return [_to_device(x, self.device) for x in raw]
+        return [to_device(x, self.device) for x in raw]
 
     def forward(
         self, inputs: list[Any], seed: int | None = SEED_RUN, fn: Any = None
@@ -266,7 +259,7 @@ class Candidate:
         """One forward pass under a fixed RNG state (none with ``seed`` None: a timed run,
         whose clock seeding would inflate); returns the flattened output tensors."""
         if seed is not None:
-            _seed(seed)
+            seed_all(seed)
         with self.gpu_shared(), torch.no_grad():
             out = (self.model if fn is None else fn)(*inputs)
             self.sync()
@@ -315,7 +308,7 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
     try:
         # Host generators only: seeding CUDA's would wait for the context DeviceInit is still
         # creating. A constructor that draws on the GPU gets a fresh process's fixed CUDA seed.
-        _seed(SEED_INIT, host_only=True)
+        seed_all(SEED_INIT, host_only=True)
         init_inputs = c.module.get_init_inputs()
         model = c.module.Model(*init_inputs)
         if not isinstance(model, torch.nn.Module):
@@ -360,7 +353,7 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
         mutated = [
             k
             for k, (x, old) in enumerate(zip(c.inputs, before, strict=True))
-            if old is not None and not _same(x, old)
+            if old is not None and not compare.same_value(x, old)
         ]
         if mutated:
             raise Fail(
@@ -393,8 +386,8 @@ def stage_randomness(c: Candidate) -> dict[str, Any]:
     atol, rtol = c.s.determinism_atol, c.s.determinism_rtol
     with c.gpu_shared():
         repeat = c.forward(c.inputs, SEED_RUN)
-        repeat_diff = max_abs_diff(c.outputs, repeat)
-        if not all_close(c.outputs, repeat, atol=atol, rtol=rtol):
+        repeat_diff = compare.max_abs_diff(c.outputs, repeat)
+        if not compare.all_close(c.outputs, repeat, atol=atol, rtol=rtol):
             raise Fail(
                 "nondeterministic",
                 f"two runs with the same RNG state differ by up to {repeat_diff:.3g}",
@@ -403,8 +396,8 @@ def stage_randomness(c: Candidate) -> dict[str, Any]:
     del repeat
     with c.gpu_shared():
         reseeded = c.forward(c.inputs, SEED_RUN + 1)
-        reseed_diff = max_abs_diff(c.outputs, reseeded)
-        if not all_close(c.outputs, reseeded, atol=atol, rtol=rtol):
+        reseed_diff = compare.max_abs_diff(c.outputs, reseeded)
+        if not compare.all_close(c.outputs, reseeded, atol=atol, rtol=rtol):
             raise Fail(
                 "random",
                 f"outputs depend on the RNG state (differ by up to {reseed_diff:.3g}); "
@@ -421,7 +414,7 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
     for k, t in enumerate(c.outputs):
         if t.numel() > 1 or t.is_complex():  # a complex scalar is two reals
             with c.gpu_shared():
-                f = _real(t)
+                f = compare.real_view(t)
                 lo, hi = float(f.min()), float(f.max())
             scale = max(abs(lo), abs(hi))
             if hi - lo <= rtol * scale:
@@ -435,8 +428,8 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
                 )
     for k, t in enumerate(c.outputs):
         with c.gpu_shared():
-            trivial = trivial_answer(t, atol=c.s.compile_atol, rtol=c.s.compile_rtol)
-            max_abs = float(_real(t).abs().max()) if trivial else 0.0
+            trivial = compare.trivial_answer(t, atol=c.s.compile_atol, rtol=c.s.compile_rtol)
+            max_abs = float(compare.real_view(t).abs().max()) if trivial else 0.0
         if trivial:
             raise Fail(
                 "trivial_answer",
@@ -452,7 +445,7 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
     for i in range(len(outputs)):
         for j in range(i + 1, len(outputs)):
             with c.gpu_shared():
-                d = rel_diff(outputs[i], outputs[j])
+                d = compare.rel_diff(outputs[i], outputs[j])
             pairwise.append(d)
             if d <= rtol:
                 raise Fail(
@@ -468,11 +461,11 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
         if not (isinstance(x, torch.Tensor) and isinstance(other, torch.Tensor)):
             continue
         with c.gpu_shared():
-            if x.shape != other.shape or _same(x, other):
+            if x.shape != other.shape or compare.same_value(x, other):
                 continue  # a deterministic input cannot be varied without knowing its meaning
             mixed = list(c.inputs)
             mixed[k] = other
-            d = rel_diff(c.outputs, c.forward(mixed))
+            d = compare.rel_diff(c.outputs, c.forward(mixed))
         influence[str(k)] = d
         if d <= rtol:
             raise Fail(
@@ -529,8 +522,8 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     c.compiled = compiled
     atol, rtol = c.s.compile_atol, c.s.compile_rtol
     with c.gpu_shared():
-        diff = max_abs_diff(c.outputs, outputs)
-        matches = all_close(outputs, c.outputs, atol=atol, rtol=rtol)
+        diff = compare.max_abs_diff(c.outputs, outputs)
+        matches = compare.all_close(outputs, c.outputs, atol=atol, rtol=rtol)
     if not matches:
         raise Fail(
             "compile_mismatch",
@@ -552,35 +545,6 @@ def stage_compile(c: Candidate) -> dict[str, Any]:
     if c.eager_ms:
         measures["speedup"] = round(c.eager_ms / median, 4) if median > 0 else None
     return measures
-
-
-def compile_locked(model: Any, shared: Callable[[], Any] | None) -> Any:
-    """``torch.compile(model)`` (inductor, default mode) whose compiled graphs each run inside
-    ``shared()``, the GPU's shared section. The first call compiles for seconds on the CPU,
-    which must stay outside the lock (a queued timer would wait for it), then runs the graphs,
-    where inductor also benchmarks the candidate configs of its kernels: GPU work a timer must
-    not overlap. So the lock is taken around each compiled graph's run, not around the call.
-    Eager code between graphs (a graph break) of that first call still runs unlocked. Without a
-    section (CPU, a lone process) this is plain ``torch.compile``. The filters' compile stage
-    and the evaluator's ``torch.compile`` reference both compile this way."""
-    if shared is None:
-        return torch.compile(model)
-    inductor = torch._dynamo.lookup_backend("inductor")
-
-    def backend(graph: Any, example_inputs: Any) -> Any:
-        compiled = inductor(graph, example_inputs)
-
-        def run(*args: Any) -> Any:
-            if held():  # a timed or untimed section already covers this run
-                return compiled(*args)
-            with shared():
-                return compiled(*args)
-
-        # inductor may return a function that takes its arguments as one list; keep that
-        run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
-        return run
-
-    return torch.compile(model, backend=backend)
 
 
 # --------------------------------------------------------------------------------------------
@@ -627,56 +591,6 @@ def time_runs(c: Candidate, fn: Any, slow_ms: float | None) -> list[float]:
 # Helpers
 
 
-def draw_inputs(get_inputs: Any, device: torch.device, seed: int) -> Any:
-    """``get_inputs()`` with ``device`` as the default device: tasks sized for a GPU take
-    inputs of up to a few GB, which the CPU's generator needs ~10 s per draw to fill, and the
-    GPU's fills in milliseconds. The values differ from a CPU draw of the same seed but not in
-    distribution, and nothing compares draws across devices. A ``get_inputs()`` that cannot run
-    that way (a CPU generator object, say) is drawn again on the CPU, as written. A draw that
-    runs out of device memory is not drawn again: its CPU draw would hold other values, and a
-    verdict on values (``indistinguishable``, say) would then depend on how full the shared
-    device was at that moment; the ``oom`` it raises is retried alone (``retry_alone``)."""
-    if device.type != "cuda":
-        return get_inputs()
-    try:
-        with torch.device(device):
-            return get_inputs()
-    except Exception as exc:
-        if classify(exc, "") == "oom":
-            raise
-        _seed(seed)
-        return get_inputs()
-
-
-def gpu_lock(
-    lock_dir: str, device: torch.device, *, exclusive: bool, batch_timers: bool = True
-) -> contextlib.AbstractContextManager[None]:
-    """The host-wide lock of ``device``'s GPU (``filters.gpulock``), named by its UUID so that
-    workers seeing it under different ``CUDA_VISIBLE_DEVICES`` indices share it. No-op without
-    a lock dir (CPU, or a process with nobody to exclude)."""
-    if not lock_dir:
-        return contextlib.nullcontext()
-    ident = _gpu_ident(device)
-    return gpu_section(lock_dir, ident, exclusive=exclusive, batch_timers=batch_timers)
-
-
-@functools.cache
-def _gpu_ident(device: torch.device) -> str:
-    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
-    return _safe_name(uuid or os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
-
-
-def load_module(path: str, name: str = CANDIDATE_MODULE) -> Any:
-    """Import the candidate from its file so tracebacks, inspect and dynamo see real source."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def flatten_output(out: Any) -> list[torch.Tensor]:
     """A tensor or (nested) tuples/lists of tensors, as a flat list; anything else fails."""
     if isinstance(out, torch.Tensor):
@@ -687,49 +601,6 @@ def flatten_output(out: Any) -> list[torch.Tensor]:
             flat += flatten_output(item)
         return flat
     raise Fail("bad_output", f"forward returned {type(out).__name__}, not tensors")
-
-
-def classify(exc: BaseException, default: str) -> str:
-    """Map an exception raised by candidate code to a reason code."""
-    if isinstance(exc, SystemExit):
-        return "exited"
-    if isinstance(exc, MemoryError | getattr(torch, "OutOfMemoryError", MemoryError)):
-        return "oom"
-    text = str(exc)
-    lowered = text.lower()
-    # cuBLAS/cuDNN/cuFFT handles that cannot get their workspace: the device is out of memory
-    if "out of memory" in lowered or "can't allocate memory" in lowered or "ALLOC_FAILED" in text:
-        return "oom"
-    # the process/thread limit (RLIMIT_NPROC) refused a new thread or process
-    if "can't start new thread" in lowered or (
-        isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN
-    ):
-        return "resource_limit"
-    cuda_markers = (
-        "CUDA error",
-        "illegal memory access",
-        "device-side assert",
-        "CUBLAS_STATUS_EXECUTION_FAILED",
-        "unspecified launch failure",
-        "misaligned address",
-        "an illegal instruction",
-    )
-    if type(exc).__name__ == "AcceleratorError" or any(m in text for m in cuda_markers):
-        return "cuda_error"
-    return default
-
-
-def describe(exc: BaseException, path: str) -> str:
-    """``Type: message (candidate.py:LINE in FUNC)``, capped; the location is the deepest
-    frame in the candidate's own file, which is where a task author would look."""
-    text = f"{type(exc).__name__}: {exc}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
-    if frames:
-        last = frames[-1]
-        text += f" (candidate.py:{last.lineno} in {last.name})"
-    if len(text) > DETAIL_LIMIT:
-        text = text[: DETAIL_LIMIT - 3] + "..."
-    return text
 
 
 def misplaced_tensors(model: torch.nn.Module, device: torch.device) -> list[str]:
@@ -746,83 +617,6 @@ def misplaced_tensors(model: torch.nn.Module, device: torch.device) -> list[str]
     return bad
 
 
-def trivial_answer(t: torch.Tensor, *, atol: float, rtol: float) -> str:
-    """Name the trivial answer (zeros, the mean) that passes allclose against ``t``, or ""."""
-    f = _real(t)
-    if torch.allclose(torch.zeros_like(f), f, atol=atol, rtol=rtol):
-        return "all zeros"
-    if f.numel() > 1:
-        mean = f.mean()
-        if torch.allclose(torch.full_like(f, float(mean)), f, atol=atol, rtol=rtol):
-            return f"the constant {float(mean):.4g} (the output's mean)"
-    return ""
-
-
-def all_close(a: list[torch.Tensor], b: list[torch.Tensor], *, atol: float, rtol: float) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if x.shape != y.shape:
-            return False
-        if not torch.allclose(_real(x), _real(y), atol=atol, rtol=rtol, equal_nan=True):
-            return False
-    return True
-
-
-def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
-        return math.inf
-    return max(
-        (float((_real(x) - _real(y)).abs().max()) for x, y in zip(a, b, strict=True)), default=0.0
-    )
-
-
-def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    """Largest difference relative to the larger magnitude, over all output tensors; a shape
-    change counts as infinitely different."""
-    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
-        return math.inf
-    worst = 0.0
-    for x, y in zip(a, b, strict=True):
-        fx, fy = _real(x), _real(y)
-        scale = max(float(fx.abs().max()), float(fy.abs().max()))
-        diff = float((fx - fy).abs().max())
-        if diff > 0:
-            worst = max(worst, diff / scale if scale > 0 else math.inf)
-    return worst
-
-
-def _real(t: torch.Tensor) -> torch.Tensor:
-    """A real floating view for statistics: complex as (re, im), integers and halves as fp32."""
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if t.dtype not in (torch.float32, torch.float64):
-        t = t.float()
-    return t
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
-    return a is b
-
-
-def _seed(seed: int, host_only: bool = False) -> None:
-    random.seed(seed)
-    if host_only:
-        torch.default_generator.manual_seed(seed)
-    else:
-        torch.manual_seed(seed)
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, list | tuple):
-        return type(value)(_to_device(v, device) for v in value)
-    return value
-
-
 def _describe_value(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
@@ -833,10 +627,6 @@ def _describe_value(value: Any) -> Any:
 
 def _device_name(c: Candidate) -> str:
     return torch.cuda.get_device_name(0) if c.cuda else cpu_name()
-
-
-def _safe_name(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)[:100]
 
 
 def _row(

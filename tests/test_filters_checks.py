@@ -15,7 +15,7 @@ import torch
 
 from opsynth.config import FiltersConfig
 from opsynth.evaluator.reasons import EVALUATION
-from opsynth.filters import checks, reasons
+from opsynth.filters import candidate_load, checks, failures, gpu_sections, reasons
 from opsynth.filters.harness import FILTERS
 from opsynth.filters.pool import WorkerPool
 from opsynth.filters.samples import GOOD, SAMPLES, Sample, task_source
@@ -189,10 +189,10 @@ def test_compiled_graphs_wait_for_a_queued_timer(tmp_path: Path) -> None:
     lock_dir = tmp_path / "locks"
     lock_dir.mkdir()
     c = checks.Candidate(str(path), checks.Settings(device="cuda", lock_dir=str(lock_dir)))
-    c.module = checks.load_module(str(path))
+    c.module = candidate_load.load_module(str(path))
     c.model = c.module.Model().cuda()
     c.inputs = [torch.randn(256, 4096, device="cuda")]
-    compiled = checks.compile_locked(c.model, c.gpu_shared)
+    compiled = gpu_sections.compile_locked(c.model, c.gpu_shared)
 
     gate = os.open(lock_dir / f"gpu-{checks._gpu_ident(c.device)}.gate", os.O_RDWR | os.O_CREAT)
     fcntl.flock(gate, fcntl.LOCK_SH)  # what a timer holds while it waits and times
@@ -225,7 +225,7 @@ def test_an_input_draw_out_of_device_memory_is_not_drawn_again_on_the_cpu() -> N
         return [torch.ones(2)]
 
     cuda = torch.device("cuda")
-    assert checks.draw_inputs(needs_cpu_generator, cuda, 7)[0].tolist() == [1.0, 1.0]
+    assert candidate_load.draw_inputs(needs_cpu_generator, cuda, 7)[0].tolist() == [1.0, 1.0]
     assert calls == ["draw", "draw"]  # under the GPU first, then again as written
 
     def full_device() -> list[Any]:
@@ -233,9 +233,9 @@ def test_an_input_draw_out_of_device_memory_is_not_drawn_again_on_the_cpu() -> N
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
 
     with pytest.raises(torch.OutOfMemoryError):
-        checks.draw_inputs(full_device, cuda, 7)
+        candidate_load.draw_inputs(full_device, cuda, 7)
     assert calls[2:] == ["full"]  # drawn once: no CPU draw after the OOM
-    assert checks.classify(torch.OutOfMemoryError("CUDA out of memory"), "x") == "oom"
+    assert failures.classify(torch.OutOfMemoryError("CUDA out of memory"), "x") == "oom"
 
 
 def test_compiled_graphs_run_inside_the_given_section_once_each(tmp_path: Path) -> None:
@@ -260,13 +260,13 @@ def test_compiled_graphs_run_inside_the_given_section_once_each(tmp_path: Path) 
 
     torch._dynamo.reset()
     x = torch.randn(8)
-    compiled = checks.compile_locked(Broken(), section)
+    compiled = gpu_sections.compile_locked(Broken(), section)
     assert torch.allclose(compiled(x), x.sin().cos())
     assert len(entered) == 2
     with gpulock.gpu_section(str(tmp_path), "cpu-test", exclusive=True):
         compiled(x)
     assert len(entered) == 2  # the held section covered both graphs
-    assert torch.allclose(checks.compile_locked(Broken(), None)(x), x.sin().cos())
+    assert torch.allclose(gpu_sections.compile_locked(Broken(), None)(x), x.sin().cos())
 
 
 def test_a_cpu_candidate_gives_nothing_back_and_touches_no_gpu(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from opsynth.filters.checks import classify
+from opsynth.filters.failures import classify
 from opsynth.filters.retry import memory_need_gib, retry_waves
 
 # torch 2.11's message on an H200, as a worker recorded it

@@ -86,7 +86,7 @@ def heartbeat_path(kind: str) -> Path:
 # Candidates that make their own process's checks pass: by patching the functions the checks
 # call, or by writing every row themselves. Each fools its own stages; the worker's verify stage
 # (filters.verify), which decides from seeds, samples and a clock outside the process, does not.
-PATCH_CHECKS = "import sys\nchecks = sys.modules['opsynth.filters.checks']\n"
+PATCH_CHECKS = "import sys\ncompare = sys.modules['opsynth.filters.compare']\n"
 FORGE_ROWS = """
 import json, os
 stages = ['eager', 'randomness', 'degenerate', 'runtime', 'compile', 'verify']
@@ -107,9 +107,9 @@ def forgeries() -> list[Hostile]:
             "zeros_behind_patched_checks",
             t(
                 "return torch.zeros_like(x)",
-                header=PATCH_CHECKS + "checks.trivial_answer = lambda *a, **k: ''\n"
-                "checks.rel_diff = lambda *a, **k: 1.0\n"
-                "checks._real = lambda t: torch.arange(t.numel(), dtype=torch.float32)\n",
+                header=PATCH_CHECKS + "compare.trivial_answer = lambda *a, **k: ''\n"
+                "compare.rel_diff = lambda *a, **k: 1.0\n"
+                "compare.real_view = lambda t: torch.arange(t.numel(), dtype=torch.float32)\n",
             ),
             "constant_output",
             stage="verify",
@@ -118,8 +118,8 @@ def forgeries() -> list[Hostile]:
             "random_behind_patched_checks",
             t(
                 "return x + torch.rand_like(x)",
-                header=PATCH_CHECKS + "checks.all_close = lambda *a, **k: True\n"
-                "checks.max_abs_diff = lambda *a, **k: 0.0\n",
+                header=PATCH_CHECKS + "compare.all_close = lambda *a, **k: True\n"
+                "compare.max_abs_diff = lambda *a, **k: 0.0\n",
             ),
             "random",
             stage="verify",
@@ -128,9 +128,9 @@ def forgeries() -> list[Hostile]:
             "mutates_its_input_behind_patched_checks",
             t(
                 "x.mul_(2.0)\n        return x * 1.5",
-                header=PATCH_CHECKS + "checks._same = lambda *a: True\n"
-                "checks.all_close = lambda *a, **k: True\n"
-                "checks.max_abs_diff = lambda *a, **k: 0.0\n",
+                header=PATCH_CHECKS + "compare.same_value = lambda *a: True\n"
+                "compare.all_close = lambda *a, **k: True\n"
+                "compare.max_abs_diff = lambda *a, **k: 0.0\n",
             ),
             "input_mutated",
             stage="verify",
