@@ -15,7 +15,9 @@ What is audited, before a candidate and after its cleanup (``snapshot`` / ``diff
 - who is who in the modules and classes a candidate or the checks call (``torch``,
   ``torch.nn.functional``, ``torch.Tensor``, ``torch.nn.Module`` and every class in
   ``torch.nn``, ``torch.cuda``, ``torch.cuda.Event``, the checks' own standard-library
-  modules): a callable replaced, or any attribute added that is not a submodule;
+  modules, and every ``opsynth`` module the process has loaded: the checks, their
+  comparisons, the lock, the audit itself): a callable replaced, or any attribute added that is
+  not a submodule;
 - the process's threads.
 
 Anything different retires the process; the next candidate gets a fresh one. What this cannot
@@ -119,6 +121,11 @@ def _namespaces() -> Iterator[tuple[str, Any]]:
     for name, value in sorted(vars(torch.nn).items()):
         if isinstance(value, type):
             yield f"torch.nn.{name}", value
+    # The harness's own modules: a candidate that replaced a check's function in a reused
+    # process would fool the in-process checks of every later candidate there.
+    for name, module in sorted(sys.modules.items()):
+        if isinstance(module, types.ModuleType) and name.partition(".")[0] == "opsynth":
+            yield name, module
 
 
 def _identities(namespace: Any) -> dict[str, tuple[int, bool]]:

@@ -71,6 +71,24 @@ def test_a_candidate_that_changes_torch_retires_its_process() -> None:
     assert found[after.id][1] == ["float32"]
 
 
+def test_a_candidate_that_patches_the_checks_retires_its_process() -> None:
+    """The first candidate replaces the checks' comparison in its process (as the hostile
+    suite's patched-checks candidates do); a reused process would let the next candidate's
+    randomness and compile checks compare nothing. Its process is retired instead, and the
+    next candidate, nondeterministic, is rejected by its own process's checks."""
+    patcher = task(
+        "return torch.relu(x) + 1",
+        header="import sys\n"
+        "sys.modules['opsynth.filters.compare'].all_close = lambda *a, **k: True",
+    )
+    after = task("return x + torch.rand_like(x)")
+    with WorkerPool(config(candidates_per_process_cpu=4), "cpu") as pool:
+        found = outcome(pool.evaluate([patcher, after]))
+        assert pool.stats["child_reused"] == 0
+        assert pool.stats["child_retired"] == {"opsynth.filters.compare.all_close: replaced": 1}
+    assert ("randomness", "random") in found[after.id][0]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_the_gpu_reused_processes_keep_verdicts_and_retire_on_a_changed_switch() -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from opsynth.filters import compare
 from opsynth.filters.state_audit import differences, snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +88,10 @@ MUTATIONS: dict[str, tuple[Callable[[], Callable[[], None]], str]] = {
     "clock patched": (
         lambda: _set(time, "perf_counter", lambda: 0.0),
         "time.perf_counter: replaced",
+    ),
+    "a check's comparison patched": (
+        lambda: _set(compare, "all_close", lambda *a, **k: True),
+        "opsynth.filters.compare.all_close: replaced",
     ),
     "state stashed on torch": (
         lambda: _stash(torch, "kept_for_later", torch.ones(3)),
