@@ -98,7 +98,8 @@ def disturb(mode: str, path: str, device: str, lock_dir: str, stop: Any, ready: 
         return
     import torch
 
-    from opsynth.filters.checks import Candidate, gpu_lock, stage_eager
+    from opsynth.filters.checks import Candidate, stage_eager
+    from opsynth.filters.gpu_sections import gpu_lock
 
     c = Candidate(path, settings(device, lock_dir, 0, 1))
     stage_eager(c)

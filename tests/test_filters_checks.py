@@ -194,7 +194,9 @@ def test_compiled_graphs_wait_for_a_queued_timer(tmp_path: Path) -> None:
     c.inputs = [torch.randn(256, 4096, device="cuda")]
     compiled = gpu_sections.compile_locked(c.model, c.gpu_shared)
 
-    gate = os.open(lock_dir / f"gpu-{checks._gpu_ident(c.device)}.gate", os.O_RDWR | os.O_CREAT)
+    gate = os.open(
+        lock_dir / f"gpu-{gpu_sections._gpu_ident(c.device)}.gate", os.O_RDWR | os.O_CREAT
+    )
     fcntl.flock(gate, fcntl.LOCK_SH)  # what a timer holds while it waits and times
     result: dict[str, Any] = {}
     run = threading.Thread(target=lambda: result.update(out=compiled(*c.inputs)))
