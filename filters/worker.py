@@ -295,6 +295,7 @@ class Worker:
         failure: tuple[str, str] | None = ("filter_error", "the candidate process did not start")
         keep = False
         self.last_retired = self.violation = ""
+        self.last_prepare_s = 0.0
         try:
             if started is not None:
                 child.served += 1
@@ -310,6 +311,7 @@ class Worker:
                     may_prepare=child.served == 1 and reusable,
                 )
                 payload, failure = self._keep(watched)
+                self.last_prepare_s = watched.prepare_s  # the job's first process, not a judge's
                 if failure is None and after_done is not None:
                     failure = after_done(child, job)
                 per_process = int(settings.get("candidates_per_process", 1))
@@ -333,9 +335,8 @@ class Worker:
 
     def _keep(self, watched: Supervised) -> tuple[dict[str, Any], tuple[str, str] | None]:
         """Keep what a supervised child reported past ``done`` (its audit, read by
-        ``_audit_finding`` and the judge) and how long it prepared the audit; its payload and
-        failure."""
-        self._leftover, self.last_prepare_s = watched.leftover, watched.prepare_s
+        ``_audit_finding`` and the judge); its payload and failure."""
+        self._leftover = watched.leftover
         return watched.payload, watched.failure
 
     # ------------------------------------------------------------------------ the judge
