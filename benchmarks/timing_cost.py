@@ -8,7 +8,8 @@
 Every variant is the same ``opsynth run`` (``--config`` with the variant's keys set over it) in
 a folder of its own, started from a copy of ``--seed-run`` if given (a run directory to resume),
 so all compose the same candidates; their seed catalogue is kept in ``--out`` (``seeds.cache_dir``,
-unless a variant sets it), so only the first extracts it. Timed
+unless a variant sets it) and extracted there before the first variant starts
+(``--no-catalogue-first``: by the first variant, inside its ``--time-limit``). Timed
 sections hold the GPU exclusively and every other worker's GPU work queues behind them
 (``filters.gpulock``): this prints, per variant, the sandbox's candidates per minute between
 its first and last result, the mean seconds per candidate of each stage, the part of them spent
@@ -193,8 +194,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--time-limit", type=float, default=0.0, help="per variant; 0 = none")
     parser.add_argument("--repeat", type=int, default=1, help="run the variant list this often")
     parser.add_argument("--out", type=Path, default=Path("timing-cost"))
+    parser.add_argument(
+        "--catalogue-first",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="extract the seed catalogue before the first variant, outside its time limit",
+    )
     args = parser.parse_args(argv)
     base = tomllib.loads(args.config.read_text())
+    cache = (args.out / "seed-cache").resolve()
+    if args.catalogue_first:
+        print(catalogue_first(base, cache), flush=True)
     results: dict[str, dict[str, Any]] = {}
     variants = [parse_variant(text) for text in args.variant]
     rounds = [
@@ -208,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.seed_run:
             shutil.copytree(args.seed_run, folder / "run")
         folder.mkdir(parents=True, exist_ok=True)
-        shared = {"seeds.cache_dir": str((args.out / "seed-cache").resolve())}
+        shared = {"seeds.cache_dir": str(cache)}
         config = folder / "config.toml"
         config.write_text(to_toml(merged(base, {**shared, **overrides})))
         cmd = [sys.executable, "-m", "opsynth.flows.cli", "run", "--config", str(config)]
@@ -230,6 +240,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(table(results))
     write_results(args.out, results)
     return results
+
+
+def catalogue_first(base: dict[str, Any], cache: Path) -> str:
+    """Extract the base config's seed catalogue into the variants' shared ``cache``, so that
+    no variant's time limit pays for it (a variant that changes ``seeds.*`` still extracts its
+    own); one line saying what happened. A failed extraction is left to the variants."""
+    from opsynth.config import RunConfig
+    from opsynth.synth.catalog.report import ensure_catalogue
+
+    start = time.perf_counter()
+    scratch = cache.parent / "catalogue-first"
+    try:
+        seeds = RunConfig.model_validate(merged(base, {"seeds.cache_dir": str(cache)})).seeds
+        reused = ensure_catalogue(scratch, seeds)
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        return f"seed catalogue not extracted first ({why}); left to the variants"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    took = time.perf_counter() - start
+    return (
+        f"seed catalogue {'found' if reused else 'extracted'} in {took:.0f} s, before the variants"
+    )
 
 
 def write_results(out: Path, results: dict[str, dict[str, Any]]) -> None:

@@ -77,7 +77,7 @@ def test_per_stage_means_lock_waits_and_differing_reasons(tmp_path: Path) -> Non
 
 def test_a_variant_whose_run_refuses_its_config_is_left_out(tmp_path: Path, capsys) -> None:
     config = tmp_path / "base.toml"
-    config.write_text('target = 2\n[seeds]\ncache_dir = "none"\n')
+    config.write_text('target = 2\n[seeds]\ncache_dir = "none"\nlibraries = ["einops"]\n')
     results = main(
         ["--config", str(config), "--out", str(tmp_path / "out"), "--repeat", "2"]
         + ["--variant", "bad=filters.no_such_key=1", "--device", "cpu"]
@@ -85,6 +85,11 @@ def test_a_variant_whose_run_refuses_its_config_is_left_out(tmp_path: Path, caps
     assert results == {}
     out = capsys.readouterr().out
     assert "bad: exit 2" in out and "bad#2: exit 2" in out
+    # the catalogue was extracted once, before the first variant, where the variants look
+    assert out.index("seed catalogue extracted in") < out.index("bad: exit 2")
+    [catalogue] = (tmp_path / "out" / "seed-cache").glob("catalogue-*")
+    assert (catalogue / "summary.json").is_file()
+    assert not (tmp_path / "out" / "catalogue-first").exists()
     written = tomllib.loads((tmp_path / "out" / "bad-2" / "config.toml").read_text())
     # every variant keeps its catalogue in one place, whatever the base config says
     assert written["seeds"]["cache_dir"] == str((tmp_path / "out" / "seed-cache").resolve())
@@ -117,7 +122,7 @@ def test_each_variant_is_written_as_it_ends(tmp_path: Path, monkeypatch) -> None
     with pytest.raises(Killed):
         main(
             ["--config", str(config), "--out", str(out), "--variant", "first="]
-            + ["--variant", "second=filters.timed_runs=5"]
+            + ["--variant", "second=filters.timed_runs=5", "--no-catalogue-first"]
         )
     written = json.loads((out / "timing_cost.json").read_text())
     assert list(written) == ["first"] and written["first"]["sandboxed"] == 1
