@@ -11,7 +11,9 @@ two), against a model fitted to that candidate's own two largest probes: runtime
 the size (exponent clamped to 0.3-1.2), device memory linear in it, and a probe above
 ``--oom-gib`` an out-of-memory failure. Prints, per scale, the mean probes per candidate, how
 many the search ended with, the share whose chosen size the model puts inside the runtime
-window and within the memory cap, and how many ended with no size (a first probe that failed).
+window and within the memory cap, how many ended with no size (a first probe that failed), and
+the sizing seconds per candidate that implies: each replayed search costs what the run's own
+searches of that many probes took on average (their recorded ``seconds``).
 
 A model, not a measurement: scale 1 replays today's rule, so its mean against the recorded
 one says how far the model is off. Writes nothing.
@@ -82,6 +84,23 @@ def replay(
     return probes, window[0] <= ms <= window[1] and gib <= cfg.max_device_gib
 
 
+def seconds_by_probes(claims: list[dict[str, Any]]) -> dict[int, float]:
+    """Mean recorded sizing seconds of the searches that took each number of probes."""
+    by: dict[int, list[float]] = {}
+    for c in claims:
+        by.setdefault(len(c["steps"]), []).append(float(c.get("seconds") or 0.0))
+    return {n: round(statistics.mean(xs), 3) for n, xs in sorted(by.items())}
+
+
+def _cost(cost: dict[int, float], probes: int) -> float:
+    """A search of ``probes`` probes, priced as the run's own were; a count the run never
+    recorded, at the nearest count's price per probe."""
+    if probes in cost:
+        return cost[probes]
+    nearest = min(cost, key=lambda n: abs(n - probes))
+    return cost[nearest] / nearest * probes
+
+
 def main(argv: list[str] | None = None) -> dict[float, dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a run directory")
@@ -92,7 +111,9 @@ def main(argv: list[str] | None = None) -> dict[float, dict[str, Any]]:
     window = cfg.filters.window_ms("cuda")
     claims = sized_claims(args.run)
     recorded = statistics.mean(len(c["steps"]) for c in claims) if claims else 0.0
+    cost = seconds_by_probes(claims)
     print(f"{len(claims)} candidates with two or more probes; recorded {recorded:.3f} probes each")
+    print(f"recorded sizing seconds by probes: {cost}")
     results: dict[float, dict[str, Any]] = {}
     for scale in args.scale:
         outcomes = [replay(c, scale, cfg.sizing, window, args.oom_gib) for c in claims]
@@ -104,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict[float, dict[str, Any]]:
             "ended_after": dict(sorted(Counter(n for n, _ in outcomes).items())),
             "in_window": round(sum(chosen) / len(outcomes), 3),
             "no_size": len(outcomes) - len(chosen),
+            "sizing_s": round(statistics.mean(_cost(cost, n) for n, _ in outcomes), 3),
         }
         print(f"first probe x{scale:g}: {results[scale]}")
     return results

@@ -13,7 +13,10 @@ WINDOW = (1.0, 100.0)  # target 10 ms
 
 
 def claim(*steps: tuple[int, float, float]) -> dict:
-    return {"steps": [{"value": v, "ms": ms, "reason": "", "device_gib": g} for v, ms, g in steps]}
+    return {
+        "steps": [{"value": v, "ms": ms, "reason": "", "device_gib": g} for v, ms, g in steps],
+        "seconds": 1.0 * len(steps),  # one second a probe
+    }
 
 
 # Linear in the batch: 0.01 ms and 0.002 GiB per unit. Composed at 16 (0.16 ms), it took the
@@ -55,3 +58,5 @@ def test_main_reads_a_run_and_prints_per_scale(tmp_path: Path, capsys) -> None:
     assert "2 candidates with two or more probes; recorded 3.000" in capsys.readouterr().out
     assert results[1]["probes"] > results[64]["probes"]
     assert results[64]["ended_after"][1] == 1 and results[1]["no_size"] == 0
+    # searches priced as the run's own three-probe ones: a second a probe
+    assert results[1]["sizing_s"] == 2.0 and results[64]["sizing_s"] == 1.5
