@@ -4,9 +4,9 @@
 
 Sizing (``filters.sizing.Search``) probes a candidate at its composed size first, which the
 composer picks from a CPU cost model, so on a GPU most searches start far below the target and
-need two more probes. This replays the search on every candidate of ``--run`` that recorded two
-or more successful probes (the eager row's ``sizing`` claim, a stopped chunk's journal left
-out), as if its first probe had been at ``scale`` times the composed size (the nearest power of
+need two more probes. This replays the search, under the run's own sizing rule and runtime
+window (its ``run.json``), on every candidate of ``--run`` that recorded two or more
+successful probes (the eager row's ``sizing`` claim, a stopped chunk's journal left out), as if its first probe had been at ``scale`` times the composed size (the nearest power of
 two), against a model fitted to that candidate's own two largest probes: runtime a power of
 the size (exponent clamped to 0.3-1.2), device memory linear in it, and a probe above
 ``--oom-gib`` an out-of-memory failure. Prints, per scale, the mean probes per candidate, how
@@ -22,6 +22,7 @@ one says how far the model is off. Writes nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 from collections import Counter
@@ -34,6 +35,15 @@ from opsynth.filters.sizing import Probe, Search, target_ms
 from opsynth.store import read_verdicts
 
 Model = Callable[[int], tuple[float, float]]
+
+
+def run_config(run: Path) -> RunConfig:
+    """The run's own config (its ``run.json``), so the replay follows the rule and window it
+    sized with; the built-in one for a folder without it."""
+    manifest = run / "run.json"
+    if not manifest.is_file():
+        return RunConfig()
+    return RunConfig.model_validate(json.loads(manifest.read_text()).get("config") or {})
 
 
 def sized_claims(run: Path) -> list[dict[str, Any]]:
@@ -107,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[float, dict[str, Any]]:
     parser.add_argument("--scale", type=float, nargs="+", default=[1, 8, 16, 32, 64])
     parser.add_argument("--oom-gib", type=float, default=60.0, help="a probe above this fails")
     args = parser.parse_args(argv)
-    cfg = RunConfig()
+    cfg = run_config(args.run)
     window = cfg.filters.window_ms("cuda")
     claims = sized_claims(args.run)
     recorded = statistics.mean(len(c["steps"]) for c in claims) if claims else 0.0
