@@ -6,9 +6,10 @@ Sizing (``filters.sizing.Search``) probes a candidate at its composed size first
 composer picks from a CPU cost model, so on a GPU most searches start far below the target and
 need two more probes. This replays the search, under the run's own sizing rule and runtime
 window (its ``run.json``), on every candidate of ``--run`` that recorded two or more
-successful probes (the eager row's ``sizing`` claim, a stopped chunk's journal left out), as if its first probe had been at ``scale`` times the composed size (the nearest power of
-two), against a model fitted to that candidate's own two largest probes: runtime a power of
-the size (exponent clamped to 0.3-1.2), device memory linear in it, and a probe above
+successful probes (the eager row's ``sizing`` claim, a stopped chunk's journal left out), as
+if its first probe had been at ``scale`` times the composed size (the nearest power of two),
+against a model fitted to that candidate's own two largest probes: runtime a power of the size
+(exponent clamped to 0.3-1.2), device memory linear in it, and a probe above
 ``--oom-gib`` an out-of-memory failure. Prints, per scale, the mean probes per candidate, how
 many the search ended with, the share whose chosen size the model puts inside the runtime
 window and within the memory cap, how many ended with no size (a first probe that failed), and
