@@ -335,6 +335,28 @@ def constant(outputs: Sequence[Output], rtol: float) -> tuple[int, float, float]
     return -1, 0.0, 0.0
 
 
+def mean_answer(out: Output, atol: float, rtol: float) -> float | None:
+    """The constant an answer that ignores the input could return in place of ``out`` (the
+    filters' ``trivial_answer``: the output's mean) when it passes ``allclose`` against
+    ``out``, else None. On the sample: every sampled value is within tolerance of the sampled
+    values' mean ``c``. Over every element, what a sample misses (a few outliers): allclose
+    everywhere puts each value within ``t = (atol + rtol |c|) / (1 - rtol)`` of ``c``, so the
+    magnitudes' spread, ``sqrt(sum(v^2)/n - (sum|v|/n)^2)``, is at most ``t``; beyond it, some
+    element is not answered by ``c``."""
+    if len(out.values) < 2:
+        return None
+    c = sum(out.values) / len(out.values)
+    if not all(abs(c - v) <= atol + rtol * abs(v) for v in out.values):
+        return None
+    n = out.numel
+    mean_square, mean_abs = out.square_sum / n, out.abs_sum / n
+    spread_sq = mean_square - mean_abs * mean_abs
+    t = (atol + rtol * abs(c)) / (1 - rtol)
+    if spread_sq > t * t + CHECKSUM_SLACK * mean_square:
+        return None
+    return c
+
+
 def _magnitudes_vary(out: Output, rtol: float) -> bool:
     if out.abs_sum <= 0.0:
         return False  # all zeros (or a report that says so)

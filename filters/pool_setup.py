@@ -12,6 +12,7 @@ from typing import Any
 
 from opsynth.config import FiltersConfig
 from opsynth.filters import privilege, reasons, sandbox
+from opsynth.filters.verify import VERIFY_EVERY_DEGENERATE_CHECK
 
 # The sizing probe: build and run the model, then time it; nothing else.
 MEASURE_STAGES = ("eager", "runtime")
@@ -127,4 +128,5 @@ def check_settings(
         "batch_timers": cfg.batch_timers,
         "candidates_per_process": cfg.candidates_per_process(device),
         **({} if cfg.judge else {"stages": list(reasons.STAGES)}),
+        VERIFY_EVERY_DEGENERATE_CHECK: cfg.judge_every_degenerate_fact,
     }

@@ -137,7 +137,7 @@ SAMPLES: tuple[Sample, ...] = (
     Sample("near_constant", task_source("return x * 1e-3 + 5.0"), "degenerate", "trivial_answer"),
     Sample(
         "mean_of_many",
-        task_source("return x.mean(dim=-1)", inputs="[torch.randn(16, 1 << 16)]"),
+        task_source("return x.mean(dim=-1)", inputs="[torch.randn(16, 1 << 20)]"),
         "degenerate",
         "trivial_answer",
     ),

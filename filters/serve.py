@@ -67,7 +67,8 @@ def serve(
 
 
 class Runner:
-    """The requests every judged harness serves: ``ping``; ``draw`` (inputs from a seed);
+    """The requests every judged harness serves: ``ping``; ``draw`` (inputs from a seed, one
+    of them perhaps from another);
     ``run`` (one of ``forwards`` on the drawn inputs, its outputs kept); ``sample`` (of the
     kept outputs, or of the inputs); ``lock``/``unlock`` (the GPU exclusively, for timed
     runs); ``flush`` (the L2, before a timed run)."""
@@ -104,7 +105,19 @@ class Runner:
             torch.cuda.synchronize()
 
     def draw(self, request: dict[str, Any]) -> dict[str, Any]:
-        self.inputs = self.get_inputs(int(request["seed"]))
+        """The inputs of ``seed``; with ``replace`` ``{"seed", "input": k}``, the ``k``-th
+        input tensor taken from that seed's draw instead (how much one input moves the
+        output: ``filters.verify``)."""
+        inputs = self.get_inputs(int(request["seed"]))
+        replace = request.get("replace")
+        if replace is not None:
+            positions = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+            k = int(replace["input"])
+            if not 0 <= k < len(positions):
+                raise Refusal("bad_output", f"no input tensor {k} to replace")
+            inputs = list(inputs)
+            inputs[positions[k]] = self.get_inputs(int(replace["seed"]))[positions[k]]
+        self.inputs = inputs
         self.outputs = []
         self.sync()
         return {}

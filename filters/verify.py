@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opsynth.filters import judge as j
@@ -35,6 +36,10 @@ PINGS = 7
 # honest forward look faster than it ran (a median of stalled pings once did), and a candidate
 # that slows its pings gains nothing. A candidate within this share of a window edge passes.
 EDGE_TOLERANCE = 0.1
+# The job setting that asks verify for the degenerate facts it otherwise takes from the
+# candidate's own stage (each input's influence, the output's mean as an answer):
+# ``filters.judge_every_degenerate_fact``.
+VERIFY_EVERY_DEGENERATE_CHECK = "verify_every_degenerate_check"
 # Forward RNG states: the candidate's own checks use the same two.
 RNG, OTHER_RNG = 2000, 2001
 
@@ -86,9 +91,14 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
             },
         )
     atol, rtol = float(s.get("compile_atol", 1e-2)), float(s.get("compile_rtol", 1e-2))
+    every_check = bool(s.get(VERIFY_EVERY_DEGENERATE_CHECK))
     for index, out in enumerate(base):
         if not j.mismatch([out], [out.nothing()], atol, rtol)[0]:
             return "trivial_answer", f"zeros pass allclose against output {index}", measures
+        mean = j.mean_answer(out, atol, rtol) if every_check else None
+        if mean is not None:
+            detail = f"the constant {mean:.4g} (its mean) passes allclose against output {index}"
+            return "trivial_answer", detail, measures
     d_atol = float(s.get("determinism_atol", 1e-6))
     d_rtol = float(s.get("determinism_rtol", 1e-5))
     why, _ = j.mismatch(base, outputs(), d_atol, d_rtol)
@@ -104,6 +114,14 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     if moved <= distinct:
         detail = f"another input draw changes the output by {moved:.3g}"
         return "indistinguishable", detail, measures
+    if every_check:
+        others = inputs(positions)
+        ignored = _ignored_input(peer, base, given, others, (first, second), outputs, distinct)
+        if ignored is not None:
+            k, d = ignored
+            measures["rel_diff"] = j.finite(d)
+            detail = f"changing input tensor {k} changes the output by only {d:.3g} (relative)"
+            return "input_ignored", detail, measures
     peer.request("draw", seed=first)
     why, worst = j.mismatch(base, outputs("compiled"), atol, rtol)
     if why:
@@ -113,6 +131,31 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     # timed runs, the wait for the GPU to itself (other workers' timers), the timed runs
     measures["checks_s"] = round(time.perf_counter() - started, 4)
     return _window(peer, s, overhead, measures)
+
+
+def _ignored_input(
+    peer: j.Peer,
+    base: list[j.Output],
+    given: list[j.Output],
+    others: list[j.Output],
+    draws: tuple[int, int],
+    outputs: Callable[[], list[j.Output]],
+    distinct: float,
+) -> tuple[int, float] | None:
+    """(k, relative change) of the first input tensor whose replacement by its value in the
+    second of ``draws`` leaves the first draw's output (``base``, its inputs' sample
+    ``given``; ``others``, the second's) within ``distinct``, else None. Inputs
+    both draws give alike (a fixed index tensor, a shape change) cannot be varied without
+    knowing their meaning, and are left alone, as the candidate's own check leaves them."""
+    first, second = draws
+    for k, (mine, theirs) in enumerate(zip(given, others, strict=False)):
+        if j.structure_mismatch([mine], [theirs]) or not j.mismatch([mine], [theirs], 0.0, 0.0)[0]:
+            continue
+        peer.request("draw", seed=first, replace={"seed": second, "input": k})
+        d = j.rel_diff(base, outputs())
+        if d <= distinct:
+            return k, d
+    return None
 
 
 def _window(

@@ -85,12 +85,27 @@ SPEED_ONLY: dict[str, object] = {"speed_only": True}
 ADDED_AT_DEFAULT: dict[str, object] = {"added_at_default": True}
 
 
+def added_with(earlier: object) -> dict[str, object]:
+    """Marks a setting added after runs were made whose default changes what runs do:
+    left out of work keys and config hashes while at ``earlier``, what runs did before it
+    existed, so a run made then resumes with the setting pinned to ``earlier`` in its config
+    (its keys and hash unchanged), and a new run hashes the new default like any setting."""
+    return {"added_with": earlier}
+
+
+def _left_out_of_keys(extra: dict[str, object], value: object, default: object) -> bool:
+    if extra == ADDED_AT_DEFAULT:
+        return value == default
+    return "added_with" in extra and value == extra["added_with"]
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def work_dump(self) -> dict[str, object]:
         """The section as JSON with every ``SPEED_ONLY`` setting at its default and every
-        ``ADDED_AT_DEFAULT`` one left out while at its default: what a work file's key hashes,
+        ``ADDED_AT_DEFAULT`` one left out while at its default (an ``added_with`` one while at
+        its earlier value): what a work file's key hashes,
         so a resumed run with more workers, another shard size or process reuse finds the work
         an earlier invocation wrote, and so does one made before a setting was added (at the
         defaults, ``model_dump`` less the added settings)."""
@@ -100,7 +115,7 @@ class _Section(BaseModel):
             extra = field.json_schema_extra or {}
             if extra == SPEED_ONLY:
                 data[name] = defaults[name]
-            elif extra == ADDED_AT_DEFAULT and data[name] == defaults[name]:
+            elif _left_out_of_keys(extra, data[name], defaults[name]):
                 del data[name]
         return data
 
@@ -450,6 +465,14 @@ class FiltersConfig(_Section):
         "facts outside the candidate's process, from seeds and a clock the candidate cannot "
         "reach (the verify stage, filters.verify); false = the candidate's own rows decide, "
         "which a candidate that patches its process can forge",
+    )
+    judge_every_degenerate_fact: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="verify also re-derives the two degenerate facts it would otherwise take "
+        "from the candidate's own stage (each input's influence on the output, the output's "
+        "mean as a trivial answer), so no degenerate verdict rests on the candidate's process; "
+        "false = what runs did before (v1.0.0's config pins it)",
     )
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")

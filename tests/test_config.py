@@ -72,6 +72,12 @@ def test_work_keys_hash_speed_only_settings_at_their_defaults() -> None:
     # an added setting counts once it is set otherwise (sizing.probe_exclusive)
     shared = cfg.with_section("sizing", probe_exclusive=False)
     assert shared.config_hash() != cfg.config_hash()
+    # one added with a new default counts at it, and not at the value runs had before it
+    # (filters.judge_every_degenerate_fact, which v1.0.0's config pins to false)
+    earlier = cfg.with_section("filters", judge_every_degenerate_fact=False)
+    assert "judge_every_degenerate_fact" in cfg.filters.work_dump()
+    assert "judge_every_degenerate_fact" not in earlier.filters.work_dump()
+    assert earlier.config_hash() != cfg.config_hash()
     speed = {
         section: [
             n

@@ -7,6 +7,7 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from opsynth.filters.harness import FILTERS
 from opsynth.filters.pool import WorkerPool
 from opsynth.filters.samples import GOOD, SAMPLES, Sample, task_source
 from opsynth.filters.smoke import run_smoke
+from opsynth.filters.verify import VERIFY_EVERY_DEGENERATE_CHECK
 from opsynth.record import Task, Verdict
 
 # Generous limits: the suite must pass on a loaded two-core machine, and the first
@@ -41,23 +43,81 @@ def cache_dir() -> str:
 
 
 @pytest.fixture(scope="module")
-def sample_run(cache_dir: str) -> tuple[dict[str, list[Verdict]], dict[str, Any]]:
+def sample_pool(cache_dir: str) -> Iterator[WorkerPool]:
     cfg = FiltersConfig(workers=2, cache_dir=cache_dir, window_ms_cpu=(0.0, 60000.0), **BASE)
-    tasks = {s.name: make_task(s.code, s.name) for s in SAMPLES}
     with WorkerPool(cfg, "cpu") as pool:
-        results = pool.evaluate(list(tasks.values()))
-        stats = dict(pool.stats)
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def sample_run(sample_pool: WorkerPool) -> tuple[dict[str, list[Verdict]], dict[str, Any]]:
+    tasks = {s.name: make_task(s.code, s.name) for s in SAMPLES}
+    results = sample_pool.evaluate(list(tasks.values()))
+    stats = dict(sample_pool.stats)
     return {name: results[task.id] for name, task in tasks.items()}, stats
+
+
+# The samples the degenerate stage rejects, and two it passes (one later stage rejects).
+LEFT_TO_VERIFY = [s for s in SAMPLES if s.stage == "degenerate"] + [
+    s for s in SAMPLES if s.code == GOOD or s.reason == "compile_mismatch"
+]
+# A job without the candidate's own degenerate stage, as a candidate that patched it away
+# would leave it: verify alone decides those facts.
+NO_OWN_DEGENERATE = {"stages": [s for s in FILTERS.stages if s != "degenerate"]}
+
+
+def _verdicts(pool: WorkerPool, samples: list[Sample], overrides: dict[str, Any]) -> dict:
+    tasks = {s.name: make_task(s.code, s.name) for s in samples}
+    results = pool.wait(pool.submit(list(tasks.values()), None, overrides))
+    return {name: results[task.id] for name, task in tasks.items()}
+
+
+@pytest.fixture(scope="module")
+def verify_alone_run(sample_pool: WorkerPool) -> dict[str, list[Verdict]]:
+    return _verdicts(sample_pool, LEFT_TO_VERIFY, NO_OWN_DEGENERATE)
+
+
+@pytest.mark.parametrize("sample", LEFT_TO_VERIFY, ids=lambda s: s.name)
+def test_verify_alone_gives_each_degenerate_sample_its_reason(
+    sample: Sample, verify_alone_run: dict[str, list[Verdict]]
+) -> None:
+    """Every degenerate sample still gets exactly its reason when the candidate's own stage
+    says nothing, now from verify (``filters.judge_every_degenerate_fact``, on by default),
+    including the two facts it once took from that stage: ``input_ignored`` and the mean as
+    a ``trivial_answer``; a good task passes, and a compile mismatch stays compile's."""
+    stage = sample.stage if sample.stage == "compile" else "verify"
+    _assert_ends_with(verify_alone_run[sample.name], NO_OWN_DEGENERATE["stages"], stage, sample)
+
+
+def test_before_the_setting_verify_took_two_degenerate_facts_from_the_candidate(
+    sample_pool: WorkerPool,
+) -> None:
+    """What runs made before ``judge_every_degenerate_fact`` (pinned false by v1.0.0) did:
+    verify checked neither fact itself, so without the candidate's own stage an ignored input
+    passes, and a near-constant output is not called a trivial answer (its draws differ by
+    about ``distinct_rtol``, so whether verify calls them indistinguishable is the draw's)."""
+    legacy = [s for s in LEFT_TO_VERIFY if s.name in ("ignores_second_input", "near_constant")]
+    overrides = {**NO_OWN_DEGENERATE, VERIFY_EVERY_DEGENERATE_CHECK: False}
+    found = {
+        name: (verdicts[-1].stage, verdicts[-1].reason)
+        for name, verdicts in _verdicts(sample_pool, legacy, overrides).items()
+    }
+    assert found["ignores_second_input"] == ("verify", "ok")
+    assert found["near_constant"] in {("verify", "ok"), ("verify", "indistinguishable")}
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.name)
 def test_sample_gets_exactly_its_reason(
     sample: Sample, sample_run: tuple[dict[str, list[Verdict]], dict[str, Any]]
 ) -> None:
-    verdicts = sample_run[0][sample.name]
-    stages = FILTERS.stages
-    expected_stages = list(stages[: stages.index(sample.stage) + 1])
-    assert [v.stage for v in verdicts] == expected_stages, [
+    _assert_ends_with(sample_run[0][sample.name], FILTERS.stages, sample.stage, sample)
+
+
+def _assert_ends_with(verdicts: list[Verdict], stages: Any, stage: str, sample: Sample) -> None:
+    """The rows are every stage up to ``stage``, each passed but the last, which gives the
+    sample's reason."""
+    expected = list(stages[: stages.index(stage) + 1])
+    assert [v.stage for v in verdicts] == expected, [
         (v.stage, v.reason, v.detail) for v in verdicts
     ]
     assert all(v.passed for v in verdicts[:-1])

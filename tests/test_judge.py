@@ -103,6 +103,23 @@ def test_a_sparse_output_is_not_constant_though_its_sample_is() -> None:
     assert j.constant(sample(spread), 1e-3)[0] == 0  # within rtol of each other: constant
 
 
+def test_the_mean_answers_an_output_only_where_allclose_holds_everywhere() -> None:
+    """``mean_answer`` agrees with the candidate's own ``trivial_answer`` (the output's mean
+    passes allclose): on a near-constant output, not on a varying one, and not on one whose
+    few outliers (a fixed 0.02% of elements, which a 2,048-position sample mostly misses) are
+    beyond the tolerance, which the magnitudes over every element show."""
+    gen = torch.Generator().manual_seed(3)
+    near = 5.0 + 1e-3 * torch.randn(1 << 20, generator=gen)
+    assert j.mean_answer(sample(near)[0], 1e-2, 1e-2) == pytest.approx(5.0, abs=1e-3)
+    assert j.mean_answer(sample(-near)[0], 1e-2, 1e-2) == pytest.approx(-5.0, abs=1e-3)
+    assert j.mean_answer(sample(torch.randn(1 << 20, generator=gen))[0], 1e-2, 1e-2) is None
+    spiked = near.clone()
+    spiked[torch.randperm(spiked.numel(), generator=gen)[:200]] = 50.0
+    missed = next(o for k in range(50) for o in sample(spiked, seed=k) if max(o.values) < 6.0)
+    assert j.mean_answer(missed, 1e-2, 1e-2) is None
+    assert j.mean_answer(sample(torch.tensor([5.0]))[0], 1e-2, 1e-2) is None  # one element
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -136,6 +136,27 @@ def forgeries() -> list[Hostile]:
             stage="verify",
         ),
         Hostile(
+            "ignored_input_behind_patched_checks",
+            t(
+                "return x * 2.0",
+                header=PATCH_CHECKS + "compare.rel_diff = lambda *a, **k: 1.0\n",
+                signature="x, y",
+                inputs="[torch.randn(64, 64), torch.randn(64, 64)]",
+            ),
+            "input_ignored",
+            stage="verify",
+        ),
+        Hostile(
+            "mean_answer_behind_patched_checks",
+            t(
+                "return x * 1e-3 + 5.0",
+                header=PATCH_CHECKS + "compare.trivial_answer = lambda *a, **k: ''\n"
+                "compare.rel_diff = lambda *a, **k: 1.0\n",
+            ),
+            "trivial_answer",
+            stage="verify",
+        ),
+        Hostile(
             "forged_rows_for_every_stage",
             t("return torch.zeros_like(x)", header=FORGE_ROWS),
             "protocol_violation",
