@@ -151,6 +151,14 @@ class SeedsConfig(_Section):
         default=20.0, gt=0, description="wall clock to validate one seed (meta + CPU runs)"
     )
     workers: int = Field(default=0, ge=0, description="libraries extracted at once; 0 = host cores")
+    fill_uninitialized: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="validate seeds with memory torch leaves uninitialized filled with NaN, so "
+        "an operator whose output is such memory (torch.empty and kin) is rejected every time; "
+        "false = what catalogues were made with before (it passed or not by what the allocator "
+        "held; v1.0.0's config pins it)",
+    )
     transformers_families: list[str] = Field(
         default=TRANSFORMERS_FAMILIES,
         description="transformers model families walked for layer classes (the released "

@@ -3,6 +3,8 @@ cache, and every run copies it; a changed config extracts anew."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from opsynth import synth
 from opsynth.config import SeedsConfig
 from opsynth.store import read_tasks
@@ -35,6 +37,14 @@ def test_the_key_follows_what_the_catalogue_depends_on(tmp_path, monkeypatch):
     assert catalogue_key(base) == catalogue_key(base.model_copy(update={"workers": 3}))
     moved = base.model_copy(update={"cache_dir": str(tmp_path)})
     assert catalogue_key(base) == catalogue_key(moved) and cache_root(moved) == tmp_path
+    # a setting added later changes the key at its new default, not at what catalogues had
+    # before it (seeds.fill_uninitialized, which v1.0.0's config pins to false)
+    before = base.model_copy(update={"fill_uninitialized": False})
+    settings = before.model_dump(mode="json", exclude={"cache_dir", "workers"})
+    del settings["fill_uninitialized"]
+    versions = {"einops": importlib.metadata.version("einops")}
+    made_before = report.digest(settings, f"catalogue {report.CATALOGUE_VERSION}", versions)
+    assert catalogue_key(before) == made_before != catalogue_key(base)
 
 
 def test_without_a_cache_the_run_keeps_its_own_copy(tmp_path):

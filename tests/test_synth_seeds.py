@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 
 import torch
+import torch.utils.deterministic as deterministic
 from conftest import TEST_OPERATORS
 
+from opsynth.config import SeedsConfig
 from opsynth.record import Task, content_id
 from opsynth.synth.catalog import probe
 from opsynth.synth.catalog.extract import seeds_in_process
+from opsynth.synth.catalog.plugins import load_adapter, resolve_names
 from opsynth.synth.catalog.serialize import spec_from_json, spec_to_json
+from opsynth.synth.catalog.validate import validate
 from opsynth.synth.compose import composable
 from opsynth.taxonomy import category
 
@@ -122,6 +127,22 @@ def test_the_composer_reads_ranks_and_main_input_from_each_seed(catalogue_seeds)
     by_name = {t.ops[0]: composable(t) for t in catalogue_seeds}
     assert by_name["nn.Conv2d"].ranks == (4,) and by_name["torch.bmm"].ranks == (3,)
     assert by_name["nn.Embedding"].spec.args[0].dtype == "int64"
+
+
+def test_an_operator_returning_uninitialized_memory_is_rejected_every_time() -> None:
+    """torch.empty's output is whatever the allocator held: finite or not by chance, so the
+    seed came and went between extractions. Validated with such memory filled with NaN, it is
+    rejected each time, and the process's deterministic-mode settings are as they were."""
+    cfg = SeedsConfig()
+    adapter = load_adapter(resolve_names(["torch"], cfg)["torch"], cfg)
+    spec = next(s for s in adapter.specs() if s.name == "torch.empty")
+    before = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)
+    for _ in range(3):
+        task, verdict = validate(replace(spec, library="torch"), 20.0)
+        assert task is None and verdict.reason == "nonfinite_output", verdict.detail
+    after = (torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory)
+    assert after == before
+    assert [t.ops for t in seeds_in_process(["torch.empty", "torch.tanh"])] == [["torch.tanh"]]
 
 
 def test_in_process_extraction_is_by_name_stable_and_flags_unusable_seeds(catalogue_seeds):

@@ -134,7 +134,8 @@ def seeds_in_process(operators: list[str], libraries: list[str] | None = None) -
     for name, ref in resolve_names(cfg.libraries, cfg).items():
         for spec in load_adapter(ref, cfg).specs():
             if spec.name in cfg.operators:
-                task, _ = validate(replace(spec, library=name), cfg.seed_timeout_s)
+                seed = replace(spec, library=name)
+                task, _ = validate(seed, cfg.seed_timeout_s, cfg.fill_uninitialized)
                 if task is not None:
                     tasks.append(task)
     return tasks

@@ -23,7 +23,8 @@ REASONS: dict[str, str] = {
     "forward_error": "the CPU forward raised",
     "meta_mismatch": "the CPU output shape differs from the meta device's",
     "bad_output": "the output is not a tensor or a tuple/list of tensors",
-    "nonfinite_output": "the CPU output holds NaN or inf on random inputs",
+    "nonfinite_output": "the CPU output holds NaN or inf on random inputs (or is memory left "
+    "uninitialized, which reads as NaN: seeds.fill_uninitialized)",
     "source_unavailable": "its source could not be inlined into a self-contained task",
     "seed_timeout": "validating this seed exceeded seeds.seed_timeout_s",
     "library_error": "the library adapter raised while listing its seeds",

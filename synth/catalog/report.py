@@ -88,7 +88,8 @@ def catalogue_key(cfg: SeedsConfig) -> str:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = ""
-    settings = cfg.model_dump(mode="json", exclude={"cache_dir", "workers"})
+    # work_dump: a setting added later is left out at what catalogues were made with before
+    settings = {k: v for k, v in cfg.work_dump().items() if k not in ("cache_dir", "workers")}
     return digest(settings, f"catalogue {CATALOGUE_VERSION}", versions)
 
 

@@ -4,13 +4,17 @@ The rendered source is what ships, so it is what runs: ``Model(*get_init_inputs(
 under the meta device and called on meta copies of ``get_inputs()`` gives the shapes; a CPU
 run must agree with them (when meta could run it), return tensors, and stay finite. Two CPU
 runs under different RNG seeds flag a stochastic operator; an input changed by the forward
-flags an in-place one. This runs inside the per-library extraction subprocess.
+flags an in-place one. With ``fill_uninitialized`` the CPU runs fill memory torch hands out
+uninitialized (``torch.empty`` and kin) with NaN, so an operator whose output is such memory
+is rejected every time, not only when the allocator held something non-finite. This runs
+inside the per-library extraction subprocess.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -100,6 +104,32 @@ def meta_shapes(ns: dict[str, Any]) -> tuple[list[list[int]] | None, str]:
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
+@contextmanager
+def uninitialized_filled(fill: bool) -> Iterator[None]:
+    """Inside, memory torch allocates without initializing reads as NaN (integers: their
+    largest value), through deterministic mode's ``fill_uninitialized_memory``; operators
+    without a deterministic kernel only warn, and the warnings are dropped. Restored after."""
+    if not fill:
+        yield
+        return
+    import torch.utils.deterministic as deterministic
+
+    was = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        deterministic.fill_uninitialized_memory,
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+        deterministic.fill_uninitialized_memory = was[2]
+
+
 def cpu_run(ns: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     try:
@@ -164,7 +194,11 @@ def rejection(spec: CatalogSpec, reason: str, detail: str, t0: float | None = No
     return _verdict(spec, task_id, check(reason), detail, t0 or time.perf_counter())
 
 
-def validate(spec: CatalogSpec, timeout_s: float) -> tuple[Task | None, Verdict]:
+def validate(
+    spec: CatalogSpec, timeout_s: float, fill_uninitialized: bool = True
+) -> tuple[Task | None, Verdict]:
+    """The seed ``spec`` renders, or None, and its verdict (``seeds.fill_uninitialized``:
+    see the module doc)."""
     t0 = time.perf_counter()
     if spec.reason:
         return None, rejection(spec, spec.reason, spec.detail, t0)
@@ -173,7 +207,8 @@ def validate(spec: CatalogSpec, timeout_s: float) -> tuple[Task | None, Verdict]
             code = render_code(spec)
             ns = _load(code)
             shapes, meta_error = meta_shapes(ns)
-            run = cpu_run(ns)
+            with uninitialized_filled(fill_uninitialized):
+                run = cpu_run(ns)
     except SeedTimeout as exc:
         return None, rejection(spec, "seed_timeout", str(exc), t0)
     except Rejected as exc:

@@ -76,7 +76,7 @@ def extract_library(name: str, ref: str, cfg: SeedsConfig, out: IO[str]) -> None
             _emit(out, None, rejection(spec, "duplicate_name", "name already yielded"))
             continue
         seen.add(spec.name)
-        task, verdict = validate(spec, cfg.seed_timeout_s)
+        task, verdict = validate(spec, cfg.seed_timeout_s, cfg.fill_uninitialized)
         _emit(out, task, verdict)
 
 
