@@ -334,14 +334,14 @@ POISONING = ELEMENTWISE.replace(
 )
 
 
-def inline_settings_for(cfg: SizingConfig) -> dict:
+def inline_settings_for(cfg: SizingConfig, window: tuple[float, float] = WINDOW) -> dict:
     from opsynth.filters.sizing import inline_settings
 
     return {
         "device": "cpu",
         "threads": 1,
-        "window_ms": list(WINDOW),
-        "sizing": inline_settings(cfg, WINDOW),
+        "window_ms": list(window),
+        "sizing": inline_settings(cfg, window),
     }
 
 
@@ -360,13 +360,15 @@ def test_inline_sizing_rewrites_the_candidate_to_its_choice(tmp_path: Path) -> N
 
 def test_a_probe_that_poisons_the_context_ends_inline_sizing(tmp_path: Path) -> None:
     """A CUDA error leaves the process unable to run the stages: the claim says so, with the
-    size measured before it, and the orchestrator filters that size in a fresh process."""
+    size measured before it, and the orchestrator filters that size in a fresh process. The
+    window's target is seconds, so the 8-row probe is never within its band, however slow a
+    loaded host reads it, and the search always asks for the size that fails."""
     from opsynth.filters.checks import probe
     from opsynth.filters.size_inline import size_here
 
     path = tmp_path / "candidate.py"
     path.write_text(POISONING.format(batch=8))
-    claim = size_here(str(path), inline_settings_for(CFG), probe)
+    claim = size_here(str(path), inline_settings_for(CFG, (1e3, 1e5)), probe)
     assert claim is not None and claim["poisoned"] is True
     assert [step["reason"] for step in claim["steps"]][-1] == "cuda_error"
     assert claim["chosen"] == 8 and "batch_size = 8  # rows" in path.read_text()
