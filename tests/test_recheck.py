@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from runfactory import make_run
 
+from opsynth.config import load_config
 from opsynth.publish import PublishError, publish_run
-from opsynth.publish.layout import RECHECK_MANIFEST_PATH
+from opsynth.publish.layout import RECHECK_CONFIG_PATH, RECHECK_MANIFEST_PATH, data_path
 from opsynth.store import read_tasks
+from opsynth.tasksets import load_task_file
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "org/kernels"
@@ -52,14 +54,27 @@ def test_the_card_states_a_clean_recheck_and_ships_its_manifest(release, tmp_pat
         if v["stage"] == "decontam"
     )
     assert f"| largest KernelBench AST similarity | {similarity:.4f} |" in section
-    assert "opsynth audit --input ops6k.parquet --out recheck --device cpu" in section
     shipped = json.loads((tmp_path / "dry" / RECHECK_MANIFEST_PATH).read_text())
     assert shipped == json.loads((audit / "run.json").read_text())
+    # the command repeats it on the published rows, with the re-check's own config
+    rows_file, config_file = data_path("default"), RECHECK_CONFIG_PATH
+    assert (
+        f"hf download {REPO} {rows_file} {config_file} --repo-type dataset --revision v1.0.0 "
+        "--local-dir ." in section
+    )
+    assert (
+        f"opsynth audit --input {rows_file} --out recheck --config {config_file} --device cpu"
+        in section
+    )
+    config = load_config(tmp_path / "dry" / config_file)
+    assert config.config_hash() == shipped["config_hash"]
+    published = {t.id for t in load_task_file(tmp_path / "dry" / rows_file)}
+    assert published == {t.id for t in read_tasks(audit / "candidates.parquet")}
     # without --recheck, neither the section nor the file
     plain = tmp_path / "plain"
     publish_run(release, REPO, dry_run=plain)
     assert "## Re-check" not in (plain / "README.md").read_text()
-    assert not (plain / RECHECK_MANIFEST_PATH).exists()
+    assert not (plain / RECHECK_MANIFEST_PATH).exists() and not (plain / config_file).exists()
 
 
 def test_rows_the_recheck_rejects_are_counted_with_their_reasons(release, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from opsynth.config import OPS6K_MIX, load_config
+from opsynth.filters.verify import EDGE_TOLERANCE
 from opsynth.store import read_tasks, read_verdicts
 from opsynth.verdicts import group_by_task, passed_all
 
@@ -20,6 +21,23 @@ def test_release_config_asks_for_ops6k() -> None:
     cfg = load_config(RELEASE / "config.toml")
     assert cfg.target == 6000 and cfg.compose.mix == OPS6K_MIX
     assert cfg.seeds.cache_dir == "none"  # the catalogue travels in the run directory
+
+
+def test_recheck_config_differs_from_the_run_only_where_it_says() -> None:
+    """The re-check filters as the run did but for today's filters (``verify`` decides every
+    degenerate fact) and the runtime window widened by the share ``verify`` allows."""
+    run = load_config(RELEASE / "config.toml").filters.model_dump()
+    recheck = load_config(RELEASE / "recheck.toml").filters.model_dump()
+    changed = {k for k in run if run[k] != recheck[k]}
+    assert changed == {"judge_every_degenerate_fact", "window_ms_cuda"}
+    assert recheck["judge_every_degenerate_fact"] and not run["judge_every_degenerate_fact"]
+    low, high = run["window_ms_cuda"]
+    slack = EDGE_TOLERANCE
+    assert recheck["window_ms_cuda"] == pytest.approx((low * (1 - slack), high * (1 + slack)))
+    assert (
+        load_config(RELEASE / "recheck.toml").decontam
+        == load_config(RELEASE / "config.toml").decontam
+    )
 
 
 def test_committed_catalogue_is_the_one_the_run_reads() -> None:

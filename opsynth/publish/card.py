@@ -20,6 +20,7 @@ from opsynth.config import PublishConfig
 from opsynth.publish.layout import (
     CONFIG_PATH,
     MANIFEST_PATH,
+    RECHECK_CONFIG_PATH,
     RECHECK_MANIFEST_PATH,
     SPLIT,
     data_path,
@@ -82,6 +83,7 @@ class CardInput:
     rows: dict[str, int]  # config name -> rows
     config_toml: bool  # whether config.toml is shipped
     recheck: Recheck | None = None  # the release's second, independent pass
+    recheck_config_toml: bool = False  # whether the re-check's config is shipped
 
 
 def size_category(n: int) -> str:
@@ -191,7 +193,24 @@ def _recheck(data: RunData, card: CardInput) -> list[str]:
             "",
             markdown_table(r.failures),
         ]
-    return [*lines, "```bash", r.command, "```", ""]
+    return [*lines, "To repeat it on the published rows:", "", *_recheck_command(r, card), ""]
+
+
+def _recheck_command(r: Recheck, card: CardInput) -> list[str]:
+    """The published rows and the re-check's config fetched at this version's tag, then the
+    audit that repeats the re-check on them (task ids are content hashes, so the published
+    rows are the rows it checked)."""
+    rows = data_path("default")
+    files = [rows, *([RECHECK_CONFIG_PATH] if card.recheck_config_toml else [])]
+    fetch = (
+        f"hf download {card.repo_id} {' '.join(files)} --repo-type dataset "
+        f"--revision v{card.version} --local-dir ."
+    )
+    command = f"opsynth audit --input {rows} --out recheck"
+    if card.recheck_config_toml:
+        command += f" --config {RECHECK_CONFIG_PATH}"
+    command += f" --device {r.data.manifest.get('device', 'auto')}"
+    return ["```bash", fetch, command, "```"]
 
 
 def _environment(data: RunData) -> str:

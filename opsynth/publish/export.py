@@ -27,6 +27,7 @@ from opsynth.publish.layout import (
     CARD_PATH,
     CONFIG_PATH,
     MANIFEST_PATH,
+    RECHECK_CONFIG_PATH,
     RECHECK_MANIFEST_PATH,
     config_frames,
     data_path,
@@ -59,15 +60,15 @@ def to_arrow(frame: pl.DataFrame) -> pa.Table:
     return table.cast(pa.schema(fields))
 
 
-def config_toml(data: RunData) -> str | None:
-    """The run's config as TOML, or None when this opsynth cannot read it back (a run made
-    by another version; its config is still in the manifest)."""
+def config_toml(data: RunData, what: str = "the published run") -> str | None:
+    """The run's (or audit's) config as TOML, or None when this opsynth cannot read it back
+    (a run made by another version; its config is still in the manifest)."""
     try:
         config = RunConfig.model_validate(data.manifest.get("config", {}))
     except ValidationError:
         return None
     recorded = data.manifest.get("config_hash", "")
-    header = [f"# config of the published run (run.json config_hash {recorded})"]
+    header = [f"# config of {what} (run.json config_hash {recorded})"]
     return render_toml(config, header)
 
 
@@ -96,8 +97,14 @@ def export_run(
         )
     frames = config_frames(data, settings.include_rejected)
     toml = config_toml(data)
+    recheck_toml = None if recheck is None else config_toml(recheck.data, "the re-check")
     rows = {name: frame.height for name, frame in frames.items()}
-    card = render_card(data, CardInput(repo_id, version, settings, rows, toml is not None, recheck))
+    card = render_card(
+        data,
+        CardInput(
+            repo_id, version, settings, rows, toml is not None, recheck, recheck_toml is not None
+        ),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
@@ -109,6 +116,8 @@ def export_run(
         if recheck is not None:
             checked = manifest_json(recheck.data.manifest)
             write_bytes_atomic(staging / RECHECK_MANIFEST_PATH, checked)
+        if recheck_toml is not None:
+            write_bytes_atomic(staging / RECHECK_CONFIG_PATH, recheck_toml.encode())
         if toml is not None:
             write_bytes_atomic(staging / CONFIG_PATH, toml.encode())
         write_bytes_atomic(staging / CARD_PATH, card.encode())

@@ -21,11 +21,17 @@ from pathlib import Path
 from typing import TypeVar
 
 from opsynth.publish.errors import PublishError
-from opsynth.publish.layout import CONFIG_FOLDERS, MANIFEST_PATH, RECHECK_MANIFEST_PATH
+from opsynth.publish.layout import (
+    CONFIG_FOLDERS,
+    MANIFEST_PATH,
+    RECHECK_CONFIG_PATH,
+    RECHECK_MANIFEST_PATH,
+)
 
 DELETE_PATTERNS = [f"{folder}/*" for folder in CONFIG_FOLDERS] + [
     MANIFEST_PATH,
     RECHECK_MANIFEST_PATH,
+    RECHECK_CONFIG_PATH,
 ]
 REPO_TYPE = "dataset"
 HUB_FILES_IGNORED = {".gitattributes"}  # the Hub adds it to every new repo

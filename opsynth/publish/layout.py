@@ -24,6 +24,8 @@ SPLIT = "train"
 MANIFEST_PATH = "opsynth/run.json"
 # the release re-check's run.json (``opsynth publish --recheck``), when there is one
 RECHECK_MANIFEST_PATH = "opsynth/recheck.json"
+# the re-check's config, to repeat it with `opsynth audit --config`
+RECHECK_CONFIG_PATH = "opsynth/recheck.toml"
 CARD_PATH = "README.md"
 CONFIG_PATH = "config.toml"  # the run's config, to regenerate it with `--config`
 

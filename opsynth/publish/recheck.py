@@ -35,7 +35,6 @@ class Recheck:
     failures: pl.DataFrame  # stage, reason, count: the first failing verdict per row
     duplicates: int
     max_similarity: float | None
-    command: str
 
 
 def load_recheck(path: Path, run: RunData) -> Recheck:
@@ -76,14 +75,4 @@ def load_recheck(path: Path, run: RunData) -> Recheck:
         failures=failures,
         duplicates=duplicates,
         max_similarity=float(similarity.max()) if similarity.len() else None,
-        command=recheck_command(audit),
-    )
-
-
-def recheck_command(audit: RunData) -> str:
-    """The command that repeats the re-check, from what its manifest recorded."""
-    m = audit.manifest
-    return (
-        f"opsynth audit --input {m.get('source', 'accepted.parquet')} --out recheck "
-        f"--device {m.get('device', 'auto')}"
     )
