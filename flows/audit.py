@@ -25,7 +25,9 @@ from opsynth.flows.stages import (
     screen,
     versions,
 )
+from opsynth.rechecked import carried_verdicts
 from opsynth.record import Task, Verdict, utc_now
+from opsynth.rundata import load_run
 from opsynth.store import RUNNING, STOPPED, RunDir, digest, read_tasks
 from opsynth.verdicts import group_by_task, passed_all
 
@@ -39,11 +41,14 @@ def audit(
     source: str,
     progress: Progress | None = None,
     stop_at: float | None = None,
+    reuse: str | None = None,
 ) -> dict[str, Any]:
     """Audit the tasks in ``tasks_file`` (parquet). A path, not the rows, is the parameter:
     Prefect sends a flow's parameters with every task it submits to Dask, and a full
     Ops-6K is ~10 MB of code per shard. Stopped by ``stop_at`` (seconds since the epoch), it
-    exports the chunks it finished with status ``stopped``; a re-run resumes."""
+    exports the chunks it finished with status ``stopped``; a re-run resumes. ``reuse``: an
+    earlier audit with the same config and device whose verdicts on the tasks it checked are
+    taken as they are (``opsynth.rechecked.carried_verdicts``); dedup covers every task."""
     from opsynth.ast_dedup.dedup import dedup
 
     run = RunDir.create(Path(out))
@@ -55,9 +60,15 @@ def audit(
     # the same task can occur twice in a set (Ops-6K has exact duplicate rows): screen once
     unique = list({t.id: t for t in tasks}.values())
     input_digest = digest([t.id for t in unique])
+    carried_ids, carried = set(), []
+    if reuse is not None:
+        prior = load_run(Path(reuse), partial=True)
+        ids = [t.id for t in unique]
+        carried_ids, carried = carried_verdicts(prior, ids, cfg.config_hash(), device)
     manifest = run.read_manifest()
-    same_audit = (input_digest, cfg.config_hash())
-    if (manifest.get("input_digest"), manifest.get("config_hash")) != same_audit:
+    same_audit = (input_digest, cfg.config_hash(), reuse)
+    made = (manifest.get("input_digest"), manifest.get("config_hash"), manifest.get("reused_from"))
+    if made != same_audit:
         manifest = {}  # another audit was here: its invocation lines do not describe this one
     manifest.update(
         {
@@ -71,16 +82,19 @@ def audit(
             "device": device,
             "started_at": utc_now(),
             "versions": versions(),
+            "reused_from": reuse,
+            "reused_rows": len(carried_ids),
         }
     )
     run.write_manifest(manifest)
     clock = ChunkClock(stop_at)
-    screened: list[Task] = []
-    verdicts: list[Verdict] = []
+    screened: list[Task] = [t for t in unique if t.id in carried_ids]
+    verdicts: list[Verdict] = list(carried)
+    fresh = [t for t in unique if t.id not in carried_ids]
     try:
-        for start in range(0, len(unique), cfg.chunk_size):
-            chunk = unique[start : start + cfg.chunk_size]
-            ahead = unique[start + cfg.chunk_size : start + 2 * cfg.chunk_size]
+        for start in range(0, len(fresh), cfg.chunk_size):
+            chunk = fresh[start : start + cfg.chunk_size]
+            ahead = fresh[start + cfg.chunk_size : start + 2 * cfg.chunk_size]
             began, pool_start = time.time(), pool.start_seconds()
             computed = sum(ledger.computed.values())
             try:
@@ -97,6 +111,8 @@ def audit(
     finally:
         pool_stats = pool.close()
     by_task = group_by_task(verdicts)
+    place = {t.id: i for i, t in enumerate(unique)}
+    screened.sort(key=lambda t: place[t.id])  # dedup keeps the first of near duplicates
     passed = [t for t in screened if passed_all(t.id, by_task)]
     deduped = dedup(passed, cfg.dedup)
     manifest.update(export(run, cfg, [], screened, verdicts + deduped.verdicts, deduped.kept, None))

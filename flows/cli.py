@@ -80,12 +80,23 @@ def run(
             "that would end later); the run writes what it has and a re-run resumes",
         ),
     ] = None,
+    drop_rechecked: Annotated[
+        Path | None,
+        typer.Option(
+            "--drop-rechecked",
+            help="an `opsynth audit` of OUT's accepted.parquet: the rows it rejected are "
+            "recorded in OUT and left out of this and every later export, rows past the target "
+            "taking their places",
+        ),
+    ] = None,
 ) -> None:
     """Regenerate a task set into OUT; re-running resumes and recomputes nothing finished."""
     stop_at = None if time_limit is None else time.time() + time_limit
     try:
         if time_limit is not None and time_limit <= 0:
             raise UserError(f"--time-limit must be positive, got {time_limit:g}")
+        if drop_rechecked is not None:
+            _drop_rechecked(out, drop_rechecked)
         cfg = with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
         if target is not None:
             if target < 1:
@@ -114,6 +125,16 @@ def run(
             f"{cfg.max_rounds} rounds; raise max_rounds or compose.oversample"
         )
         raise typer.Exit(1)
+
+
+def _drop_rechecked(out: Path, audit: Path) -> None:
+    from opsynth.rechecked import RecheckError, record_rechecked
+
+    try:
+        new, total = record_rechecked(RunDir.open_existing(out), audit)
+    except RecheckError as exc:
+        raise UserError(str(exc)) from None
+    console.print(f"{new} more rows the re-check {audit} rejected are dropped ({total} in all)")
 
 
 def _with_runner(cfg: RunConfig, kind: str | None, address: str | None) -> RunConfig:
@@ -217,6 +238,15 @@ def audit(
             "then; the audit writes what it has checked and a re-run resumes",
         ),
     ] = None,
+    reuse: Annotated[
+        Path | None,
+        typer.Option(
+            "--reuse",
+            help="an earlier audit with the same config and device: its verdicts on the "
+            "tasks it checked are taken as they are, only the others are checked (dedup "
+            "covers every task); e.g. a re-check after rows were replaced",
+        ),
+    ] = None,
 ) -> None:
     """Run the filters, decontamination and dedup over an existing task set."""
     stop_at = None if time_limit is None else time.time() + time_limit
@@ -225,6 +255,8 @@ def audit(
             raise UserError(f"--time-limit must be positive, got {time_limit:g}")
         cfg = with_unsafe(_with_runner(load_config(config), runner, runner_address), unsafe)
         resolved = resolve_device(device if device != "auto" else cfg.filters.device, cfg.runner)
+        if reuse is not None:
+            _check_reuse(reuse, cfg, resolved)
         run_dir = RunDir.create(out)
         tasks_file = run_dir.path("input.parquet")
         write_tasks(_load_input(input, sample, seed), tasks_file)
@@ -238,7 +270,14 @@ def audit(
         with _progress_bar() as bar:
             progress = LocalOnly(_progress_callback(bar))
             manifest = flow(
-                str(run_dir.root), cfg, str(tasks_file), resolved, input, progress, stop_at
+                str(run_dir.root),
+                cfg,
+                str(tasks_file),
+                resolved,
+                input,
+                progress,
+                stop_at,
+                None if reuse is None else str(reuse),
             )
     except (ConfigError, RunDirError, UserError, RunnerError, PoolError) as exc:
         fail(str(exc))
@@ -253,6 +292,17 @@ def audit(
     if manifest["status"] == STOPPED:
         console.print(audit_stopped_line(manifest, time_limit))
         raise typer.Exit(EXIT_STOPPED)
+
+
+def _check_reuse(reuse: Path, cfg: RunConfig, device: str) -> None:
+    """One line, before anything starts, when ``--reuse`` names no audit of this config."""
+    from opsynth.rechecked import RecheckError, carried_verdicts
+    from opsynth.rundata import load_run
+
+    try:
+        carried_verdicts(load_run(reuse, partial=True), [], cfg.config_hash(), device)
+    except RecheckError as exc:
+        raise UserError(str(exc)) from None
 
 
 def audit_stopped_line(manifest: dict, time_limit: float) -> str:

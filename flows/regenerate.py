@@ -33,6 +33,7 @@ from opsynth.flows.stages import (
     versions,
 )
 from opsynth.quota import apportion, by_source, filled, in_quota_order, round_plan, shortfall
+from opsynth.rechecked import read_rechecked
 from opsynth.record import Task, Verdict, utc_now
 from opsynth.store import COMPLETE, RUNNING, STOPPED, RunDir
 from opsynth.synth.composers import summary as compose_summary
@@ -177,6 +178,12 @@ def regenerate(
     # composed once the target was met: never screened, so neither accepted nor rejected
     candidates = [t for t in candidates if t.id not in unscreened]
     verdicts = [v for v in verdicts if v.task_id not in unscreened]
+    # rows a release re-check rejected (``opsynth.rechecked``) leave the accepted set only
+    # here, so the rounds, and every chunk's work, stay as they were: rows past the target
+    # fill their places
+    dropped = read_rechecked(run)
+    verdicts += [v for t in accepted if (v := dropped.get(t.id)) is not None]
+    accepted = [t for t in accepted if t.id not in dropped]
 
     with ledger.timed("export"):
         ordered = in_quota_order(accepted, quota)

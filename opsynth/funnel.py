@@ -20,6 +20,7 @@ STAGE_ORDER = [
     "compile",
     "verify",
     "dedup",
+    "recheck",  # a release's re-check (opsynth.rechecked), after the run's own stages
     "export",
 ]
 

@@ -5,6 +5,7 @@ that is not of exactly those rows, or has not finished, is refused in one line."
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,29 @@ def test_a_recheck_of_other_rows_or_unfinished_is_refused(release, tmp_path):
     )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "--recheck" in lines[0], proc.stderr
+
+
+def test_the_card_says_which_rows_were_replaced_and_what_was_carried(release, tmp_path):
+    """After ``run --drop-rechecked`` and ``audit --reuse``: the run's ``recheck`` verdicts
+    are counted as replaced rows, and the rows the re-check carried are stated."""
+    from opsynth.record import Verdict
+    from opsynth.store import read_verdicts, write_verdicts
+
+    run = tmp_path / "run"
+    shutil.copytree(release, run)
+    rejected = read_tasks(run / "rejected.parquet")
+    verdicts = read_verdicts(run / "verdicts.parquet")
+    extra = Verdict(rejected[0].id, "recheck", False, "too_fast", "runtime: 0.8 ms < 1 ms")
+    write_verdicts([*verdicts, extra], run / "verdicts.parquet")
+    audit = recheck_of(run, tmp_path / "recheck")
+    manifest = json.loads((audit / "run.json").read_text())
+    carried = len(read_tasks(run / "accepted.parquet")) - 1
+    manifest |= {"reused_from": "recheck-1", "reused_rows": carried}
+    (audit / "run.json").write_text(json.dumps(manifest))
+    section = card_of(run, audit, tmp_path / "dry").split("## Re-check", 1)[1]
+    assert "1 rows an earlier re-check rejected were replaced by rows past the target" in section
+    assert f"verdicts on the {carried} rows that one had checked" in section
+    assert f"| of them carried from an earlier re-check | {carried} |" in section
+    # a plain re-check says neither
+    plain = card_of(release, recheck_of(release, tmp_path / "plain"), tmp_path / "dry2")
+    assert "replaced" not in plain and "carried" not in plain

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,3 +254,129 @@ def test_sigkill_twice_then_resume_gives_identical_dataset(
     assert manifest["work"]["reused"].get("size_filter", 0) >= 1
     assert [i["status"] for i in manifest["invocations"]] == ["stopped", "complete"]
     assert manifest["journaled_jobs"] == 0  # every chunk ended: its journal is gone
+
+
+def test_rows_a_recheck_rejected_leave_the_set_and_rows_past_the_target_fill_in(
+    tmp_path, tiny_config, reference_run, prefect_api
+):
+    """``--drop-rechecked AUDIT``: the row the audit rejected is out of accepted.parquet with
+    a ``recheck`` verdict naming the audit's stage and reason, every other row stays, a row
+    past the target takes the free place, and nothing is computed again (the rounds and
+    chunks are those of the run); a later invocation keeps the row out."""
+    from runfactory import make_run
+
+    from opsynth.store import read_tasks
+
+    run = tmp_path / "run"
+    shutil.copytree(reference_run, run)
+    before = accepted_rows(run)
+    verdicts = pq.read_table(run / "verdicts.parquet").to_pylist()
+    over = [v["task_id"] for v in verdicts if v["reason"] == "over_target"]
+    rows = read_tasks(run / "accepted.parquet")
+    audit = make_run(
+        tmp_path / "audit", seed=5, audit=True, tasks=rows, reject={0: ("runtime", "too_fast")}
+    )
+    args = ("run", "--out", str(run), "--config", str(tiny_config))
+    proc = opsynth(*args, "--drop-rechecked", str(audit), cwd=tmp_path, env=prefect_api)
+    said = proc.stdout + proc.stderr
+    assert "1 more rows the re-check" in said, said[-2000:]
+    after = accepted_rows(run)
+    kept = [r for r in after if r[0] != rows[0].id]
+    assert rows[0].id not in {r[0] for r in after}
+    assert [r for r in kept if r in before] == before[1:]
+    assert {r[0] for r in kept if r not in before} <= set(over)
+    assert len(after) == min(3, len(before) - 1 + len(over))
+    assert proc.returncode == (0 if over else 1), proc.stderr[-3000:]
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["work"]["computed"] == {}
+    mine = [
+        v for v in pq.read_table(run / "verdicts.parquet").to_pylist() if v["task_id"] == rows[0].id
+    ]
+    [failed] = [v for v in mine if not v["passed"]]
+    assert (failed["stage"], failed["reason"]) == ("recheck", "too_fast")
+    assert failed["detail"].startswith("runtime: ")
+    # a later invocation, without the option, leaves it out too
+    proc = opsynth(*args, cwd=tmp_path, env=prefect_api)
+    assert accepted_rows(run) == after
+    # an audit of rows this run never accepted is one line, and changes nothing
+    stranger = make_run(tmp_path / "stranger", seed=6, audit=True)
+    proc = opsynth(*args, "--drop-rechecked", str(stranger), cwd=tmp_path, env=prefect_api)
+    assert proc.returncode == 2 and "did not accept" in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert accepted_rows(run) == after
+
+
+def test_a_recheck_reuses_an_earlier_audits_verdicts_and_checks_only_new_rows(
+    tmp_path, tiny_config, reference_run, prefect_api
+):
+    """``opsynth audit --reuse EARLIER``: the tasks the earlier audit checked keep its
+    verdicts (not its dedup) and are not run again; only the new ones are; and an earlier
+    audit of another config is refused in one line before anything runs."""
+    from opsynth.store import read_tasks, write_tasks
+
+    first_rows = read_tasks(reference_run / "accepted.parquet")
+    rejected = read_tasks(reference_run / "rejected.parquet")
+    first_set, second_set = tmp_path / "first.parquet", tmp_path / "second.parquet"
+    write_tasks(first_rows, first_set)
+    write_tasks(first_rows[1:] + rejected[:1], second_set)
+    cfg = ("--config", str(tiny_config), "--device", "cpu")
+    earlier, later = tmp_path / "earlier", tmp_path / "later"
+    proc = opsynth(
+        "audit",
+        "--input",
+        str(first_set),
+        "--out",
+        str(earlier),
+        *cfg,
+        cwd=tmp_path,
+        env=prefect_api,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = ("audit", "--input", str(second_set), "--out", str(later), *cfg, "--reuse", str(earlier))
+    proc = opsynth(*args, cwd=tmp_path, env=prefect_api)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((later / "run.json").read_text())
+    assert manifest["reused_rows"] == len(first_rows) - 1 and manifest["reused_from"] == str(
+        earlier
+    )
+    assert manifest["counts"]["candidates"] == len(first_rows)
+    # one chunk, the one new task's, where the earlier audit screened all of its own
+    earlier_work = json.loads((earlier / "run.json").read_text())["work"]["computed"]
+    assert manifest["work"]["computed"]["screen"] == 1 < earlier_work["screen"]
+
+    def stage_rows(audit: Path, task_id: str) -> list[tuple]:
+        rows = pq.read_table(audit / "verdicts.parquet").to_pylist()
+        return [
+            (v["stage"], v["passed"], v["reason"], v["measures"])
+            for v in rows
+            if v["task_id"] == task_id and v["stage"] != "dedup"
+        ]
+
+    for task in first_rows[1:]:
+        assert stage_rows(later, task.id) == stage_rows(earlier, task.id)
+    assert stage_rows(later, rejected[0].id)  # the new task was checked
+    # dedup ran over the whole set again
+    deduped = {
+        v["task_id"]
+        for v in pq.read_table(later / "verdicts.parquet").to_pylist()
+        if v["stage"] == "dedup"
+    }
+    assert {t.id for t in first_rows[1:]} <= deduped
+    other = tiny_config.with_name("other.toml")
+    other.write_text(tiny_config.read_text().replace("timed_runs = 3", "timed_runs = 4"))
+    refused = (
+        "audit",
+        "--input",
+        str(second_set),
+        "--out",
+        str(tmp_path / "x"),
+        "--config",
+        str(other),
+        "--device",
+        "cpu",
+        "--reuse",
+        str(earlier),
+    )
+    proc = opsynth(*refused, cwd=tmp_path, env=prefect_api)
+    assert proc.returncode == 2 and "same config and device" in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -26,6 +26,7 @@ from opsynth.publish.layout import (
     data_path,
 )
 from opsynth.publish.recheck import Recheck
+from opsynth.rechecked import RECHECK_STAGE
 from opsynth.report import tables as t
 from opsynth.report.markdown import markdown_table
 from opsynth.rundata import RunData
@@ -163,8 +164,10 @@ def _recheck(data: RunData, card: CardInput) -> list[str]:
     )
     window = t.runtime_window(r.data)
     similarity = "not measured" if r.max_similarity is None else f"{r.max_similarity:.4f}"
+    carried = int(m.get("reused_rows") or 0)
     facts = [
         ("rows re-checked", str(r.rows)),
+        *([("of them carried from an earlier re-check", str(carried))] if carried else []),
         ("passed", str(r.passed)),
         ("exact or near duplicates", str(r.duplicates)),
         ("largest KernelBench AST similarity", similarity),
@@ -182,7 +185,7 @@ def _recheck(data: RunData, card: CardInput) -> list[str]:
         f"Every released row was checked again in a second, independent pass: `opsynth audit` "
         "of the accepted rows on a fresh process pool, each task at its released size, "
         f"through every filter, decontamination and dedup: {outcome}. Its run.json is "
-        f"`{RECHECK_MANIFEST_PATH}`.",
+        f"`{RECHECK_MANIFEST_PATH}`.{_carried_note(data, carried)}",
         "",
         markdown_table(table),
         markdown_table(t.funnel(r.data)),
@@ -194,6 +197,23 @@ def _recheck(data: RunData, card: CardInput) -> list[str]:
             markdown_table(r.failures),
         ]
     return [*lines, "To repeat it on the published rows:", "", *_recheck_command(r, card), ""]
+
+
+def _carried_note(data: RunData, carried: int) -> str:
+    """What the re-check took from an earlier one, and the rows that earlier one cost."""
+    replaced = data.verdicts.filter(pl.col("stage") == RECHECK_STAGE).height
+    note = (
+        f" {replaced} rows an earlier re-check rejected were replaced by rows past the target "
+        f"(the funnel's `{RECHECK_STAGE}` stage)."
+        if replaced
+        else ""
+    )
+    if carried:
+        note += (
+            f" This re-check took an earlier one's verdicts on the {carried} rows that one had "
+            "checked and checked the rest; its dedup covered every row."
+        )
+    return note
 
 
 def _recheck_command(r: Recheck, card: CardInput) -> list[str]:
