@@ -120,9 +120,15 @@ def run(
         console.print(stopped_line(manifest, time_limit, cfg.target))
         raise typer.Exit(EXIT_STOPPED)
     if manifest["status"] != COMPLETE:
+        dropped = manifest.get("rechecked_dropped") or 0
+        fix = (
+            f"the {dropped} rows re-checks dropped outnumber the rows past the target"
+            if dropped
+            else "raise max_rounds or compose.oversample"
+        )
         console.print(
             f"[yellow]warning:[/] only {counts['accepted']} of {cfg.target} accepted after "
-            f"{cfg.max_rounds} rounds; raise max_rounds or compose.oversample"
+            f"{cfg.max_rounds} rounds; {fix}"
         )
         raise typer.Exit(1)
 

@@ -191,6 +191,7 @@ def regenerate(
             run, cfg, seeds, candidates, verdicts + dedup_verdicts, ordered, cfg.target
         )
     manifest.update(exported)
+    manifest["rechecked_dropped"] = len(dropped)
     manifest["quota"] = {
         "wanted": quota,
         "accepted": dict(by_source(accepted)),

@@ -288,7 +288,7 @@ def test_rows_a_recheck_rejected_leave_the_set_and_rows_past_the_target_fill_in(
     assert len(after) == min(3, len(before) - 1 + len(over))
     assert proc.returncode == (0 if over else 1), proc.stderr[-3000:]
     manifest = json.loads((run / "run.json").read_text())
-    assert manifest["work"]["computed"] == {}
+    assert manifest["work"]["computed"] == {} and manifest["rechecked_dropped"] == 1
     mine = [
         v for v in pq.read_table(run / "verdicts.parquet").to_pylist() if v["task_id"] == rows[0].id
     ]
