@@ -302,11 +302,11 @@ def audit(
 
 def _check_reuse(reuse: Path, cfg: RunConfig, device: str) -> None:
     """One line, before anything starts, when ``--reuse`` names no audit of this config."""
-    from opsynth.rechecked import RecheckError, carried_verdicts
+    from opsynth.rechecked import RecheckError, check_reusable
     from opsynth.rundata import load_run
 
     try:
-        carried_verdicts(load_run(reuse, partial=True), [], cfg.config_hash(), device)
+        check_reusable(load_run(reuse, partial=True), cfg.config_hash(), device)
     except RecheckError as exc:
         raise UserError(str(exc)) from None
 

@@ -4,9 +4,9 @@ A release is re-checked by a second, independent pass: ``opsynth audit`` of the 
 rows. A row that pass rejects is not released. ``opsynth run --drop-rechecked AUDIT`` records
 each such row in the run directory (``RECHECKED_FILE``) as a failing ``recheck`` verdict that
 names the audit's stage, reason and detail; every later invocation of the run leaves those rows
-out before dedup, so the source quotas fill their places from the rows past the target, or
-from a further compose round, and the funnel says why each one went. An audit that checked
-rows the run did not accept is refused: it says nothing about this run.
+out of its export (after the rounds, so no chunk's work changes), the source quotas fill their
+places from the rows past the target, and the funnel says why each one went. An audit that
+checked rows the run did not accept is refused: it says nothing about this run.
 
 Plain functions over ``RunData``, ``RunDir`` and ``Verdict``; no Prefect.
 """
@@ -88,14 +88,7 @@ def carried_verdicts(
     device that need not check them again (a re-check after rows were replaced checks only
     the new ones; dedup runs over the whole set again). ``RecheckError`` when the earlier
     audit was made with another config or device, so its verdicts would not be this audit's."""
-    made = (str(prior.manifest.get("config_hash", "")), str(prior.manifest.get("device", "")))
-    if prior.kind != "audit":
-        raise RecheckError(f"--reuse {prior.source} is a run, not an audit")
-    if made != (config_hash, device):
-        raise RecheckError(
-            f"--reuse {prior.source} was made with config {made[0]} on {made[1]}, this audit "
-            f"has config {config_hash} on {device}; audit with the same config and device"
-        )
+    check_reusable(prior, config_hash, device)
     wanted = set(task_ids)
     carried = set(prior.candidates["id"].to_list()) & wanted
     verdicts = [
@@ -104,3 +97,15 @@ def carried_verdicts(
         if row["task_id"] in carried and row["stage"] not in SET_STAGES
     ]
     return carried, verdicts
+
+
+def check_reusable(prior: RunData, config_hash: str, device: str) -> None:
+    """``RecheckError`` unless ``prior`` is an audit made with this config on this device."""
+    made = (str(prior.manifest.get("config_hash", "")), str(prior.manifest.get("device", "")))
+    if prior.kind != "audit":
+        raise RecheckError(f"--reuse {prior.source} is a run, not an audit")
+    if made != (config_hash, device):
+        raise RecheckError(
+            f"--reuse {prior.source} was made with config {made[0]} on {made[1]}, this audit "
+            f"has config {config_hash} on {device}; audit with the same config and device"
+        )
