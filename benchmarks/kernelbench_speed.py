@@ -25,6 +25,7 @@ from pathlib import Path
 from opsynth.filters.calibrate import speed_factor
 from opsynth.store import read_verdicts
 from opsynth.tasksets import load_kernelbench, load_kernelbench_timings
+from opsynth.verdicts import timing_measures
 
 
 def local_eager_ms(verdicts_path: Path, kernelbench: Path, level: int) -> dict[int, float]:
@@ -32,8 +33,9 @@ def local_eager_ms(verdicts_path: Path, kernelbench: Path, level: int) -> dict[i
     ids = {t.id: t.meta["problem_id"] for t in load_kernelbench(kernelbench, [level])}
     measured = {}
     for v in read_verdicts(verdicts_path):
-        if v.stage == "runtime" and v.task_id in ids and "eager_ms_median" in v.measures:
-            measured[int(ids[v.task_id])] = float(v.measures["eager_ms_median"])
+        timed = timing_measures(v)
+        if timed and v.task_id in ids and "eager_ms_median" in timed:
+            measured[int(ids[v.task_id])] = float(timed["eager_ms_median"])
     return measured
 
 

@@ -45,7 +45,7 @@ from opsynth.filters.pool import WorkerPool, check_settings, host_cores, resolve
 from opsynth.record import Task, Verdict
 from opsynth.store import write_tasks, write_verdicts
 from opsynth.tasksets import load_kernelbench, load_task_set
-from opsynth.verdicts import group_by_task
+from opsynth.verdicts import group_by_task, timing_measures
 
 NAIVE = Path(__file__).resolve().parent / "naive_candidate.py"
 
@@ -237,8 +237,9 @@ def eager_medians(rows: dict[str, list[Verdict]]) -> dict[str, float]:
     found = {}
     for task_id, verdicts in rows.items():
         for v in verdicts:
-            if v.stage == "runtime" and "eager_ms_median" in v.measures:
-                found[task_id] = float(v.measures["eager_ms_median"])
+            timed = timing_measures(v)
+            if timed and "eager_ms_median" in timed:
+                found[task_id] = float(timed["eager_ms_median"])
     return found
 
 

@@ -276,6 +276,15 @@ def parse_proof(reply: dict[str, Any]) -> list[float]:
         raise PeerFailure("protocol_violation", f"run: {exc}") from None
 
 
+def parse_ms(reply: dict[str, Any]) -> float:
+    """The milliseconds a timed ``run`` reply claims for its forward; PeerFailure unless a
+    finite number >= 0."""
+    raw = reply.get("ms")
+    if type(raw) not in (int, float) or not 0.0 <= raw < math.inf:
+        raise PeerFailure("protocol_violation", "run: ms is not a finite number >= 0")
+    return float(raw)
+
+
 def proof_mismatch(
     expected: Sequence[Output],
     proof: Sequence[float],

@@ -12,7 +12,7 @@ from typing import Any
 
 from opsynth.config import FiltersConfig
 from opsynth.filters import privilege, reasons, sandbox
-from opsynth.filters.verify import VERIFY_EVERY_DEGENERATE_CHECK
+from opsynth.filters.verify import TIMING_IN_VERIFY, VERIFY_EVERY_DEGENERATE_CHECK
 
 # The sizing probe: build and run the model, then time it; nothing else.
 MEASURE_STAGES = ("eager", "runtime")
@@ -20,6 +20,14 @@ MEASURE_STAGES = ("eager", "runtime")
 MEASURE_OVERRIDES: dict[str, Any] = {"stages": list(MEASURE_STAGES), "window_ms": [0.0, 1e300]}
 # The check setting that says whether timed runs hold the GPU alone (``filters.checks.Settings``)
 TIMED_EXCLUSIVE = "timed_exclusive"
+# A candidate's settings when verify times it (``filters.timing_in_verify``): no runtime stage
+# and no timed compiled runs in its process. Named only when on, so that a job's settings
+# are what they were before the setting existed when it is off.
+TIMED_IN_VERIFY: dict[str, Any] = {
+    "stages": [s for s in (*reasons.STAGES, reasons.VERIFY) if s != "runtime"],
+    "time_compiled": False,
+    TIMING_IN_VERIFY: True,
+}
 
 
 def measure_overrides(warmup_runs: int, timed_runs: int, exclusive: bool = True) -> dict[str, Any]:
@@ -101,6 +109,17 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
+def job_stages(cfg: FiltersConfig) -> tuple[str, ...]:
+    """The stages a candidate's job runs under ``cfg``, in order: the candidate's own, then
+    ``verify`` with the judge on (without the candidate's ``runtime`` stage where verify times
+    it)."""
+    if not cfg.judge:
+        return reasons.STAGES
+    if cfg.timing_in_verify:
+        return tuple(TIMED_IN_VERIFY["stages"])
+    return (*reasons.STAGES, reasons.VERIFY)
+
+
 def check_settings(
     cfg: FiltersConfig, device: str, *, threads: int, lock_dir: str
 ) -> dict[str, Any]:
@@ -128,5 +147,6 @@ def check_settings(
         "batch_timers": cfg.batch_timers,
         "candidates_per_process": cfg.candidates_per_process(device),
         **({} if cfg.judge else {"stages": list(reasons.STAGES)}),
+        **(TIMED_IN_VERIFY if cfg.judge and cfg.timing_in_verify else {}),
         VERIFY_EVERY_DEGENERATE_CHECK: cfg.judge_every_degenerate_fact,
     }

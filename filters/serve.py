@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -124,12 +125,18 @@ class Runner:
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         """The forward; with a ``proof`` seed, the reply carries one weighted sum of every
-        output element (``proof_sum``), so it cannot come before the output is whole."""
+        output element (``proof_sum``), so it cannot come before the output is whole; with
+        ``time``, its milliseconds by this process's clock (``timed_forward``), which the
+        worker accepts only within its own clock's time for the request."""
         forward = self.forwards[str(request["which"])]
         self.outputs = []
+        timed: dict[str, Any] = {}
         with torch.no_grad():
-            rng = request.get("rng")
-            self.outputs = forward(self.inputs, None if rng is None else int(rng))
+            rng = None if request.get("rng") is None else int(request["rng"])
+            if request.get("time"):
+                self.outputs, timed["ms"] = timed_forward(self.device, forward, self.inputs)
+            else:
+                self.outputs = forward(self.inputs, rng)
             seed = request.get("proof")
             proof = (
                 None
@@ -137,7 +144,7 @@ class Runner:
                 else [proof_sum(t, int(seed) + i) for i, t in enumerate(self.outputs)]
             )
         self.sync()
-        return {} if proof is None else {"proof": proof}
+        return timed if proof is None else {**timed, "proof": proof}
 
     def sample(self, request: dict[str, Any]) -> dict[str, Any]:
         tensors = self.outputs
@@ -166,6 +173,26 @@ class Runner:
             self._l2 = flush_l2(self._l2, self.device)
             self.sync()
         return {}
+
+
+def timed_forward(
+    device: torch.device,
+    forward: Callable[[list[Any], int | None], list[torch.Tensor]],
+    inputs: list[Any],
+) -> tuple[list[torch.Tensor], float]:
+    """One forward (no RNG seeding, which would inflate it) and its milliseconds: between two
+    CUDA events around it on a GPU, as the filters' own timed runs measure, by the wall clock
+    on CPU."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        outputs = forward(inputs, None)
+        return outputs, (time.perf_counter() - start) * 1e3
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    outputs = forward(inputs, None)
+    end.record()
+    end.synchronize()
+    return outputs, float(begin.elapsed_time(end))
 
 
 def flush_l2(buffer: torch.Tensor | None, device: torch.device) -> torch.Tensor:

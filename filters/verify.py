@@ -40,6 +40,13 @@ EDGE_TOLERANCE = 0.1
 # candidate's own stage (each input's influence, the output's mean as an answer):
 # ``filters.judge_every_degenerate_fact``.
 VERIFY_EVERY_DEGENERATE_CHECK = "verify_every_degenerate_check"
+# The job setting that moves the runtime window into verify (``filters.timing_in_verify``):
+# the eager and compiled forwards are timed here, by the candidate's device events bounded by
+# this process's clock (``_timed_window``).
+TIMING_IN_VERIFY = "timing_in_verify"
+# A forward's own time may exceed the worker's time for its request by no more than this
+# (clock granularity): beyond it, the process claims time the forward did not take.
+CLAIM_SLACK_MS, CLAIM_SLACK_SHARE = 0.05, 0.01
 # Forward RNG states: the candidate's own checks use the same two.
 RNG, OTHER_RNG = 2000, 2001
 
@@ -130,6 +137,8 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     # where a candidate's verify time goes, by this process's clock: the checks before the
     # timed runs, the wait for the GPU to itself (other workers' timers), the timed runs
     measures["checks_s"] = round(time.perf_counter() - started, 4)
+    if s.get(TIMING_IN_VERIFY):
+        return _timed_window(peer, s, overhead, measures)
     return _window(peer, s, overhead, measures)
 
 
@@ -189,3 +198,91 @@ def _window(
         detail = f"{upper:.4g} ms by the worker's clock (with its output's sample) > {hi} ms"
         return "too_slow", detail, measures
     return "ok", "", measures
+
+
+def _timed_window(
+    peer: j.Peer, s: dict[str, Any], overhead: float, measures: dict[str, Any]
+) -> tuple[str, str, dict[str, Any]]:
+    """The runtime window, decided here (``filters.timing_in_verify``): warm-up runs, then in
+    one section holding the GPU alone the eager forward's ``timed_runs`` (each after an L2
+    flush and followed by a sample, as in ``_window``) and, when eager is inside the window,
+    the compiled forward's, for the speedup measure.
+
+    The window applies to the forward's own time, by the candidate process's CUDA events (its
+    wall clock on CPU), accepted only up to this process's time for the same request: a larger
+    claim is a ``protocol_violation``. So a candidate can look slower than it is by at most its
+    request's round trip (the residual trust at the lower edge), and a claim smaller than the
+    truth is bounded by this process's clock, with the sample that follows each forward
+    (``judged_upper_ms``) and ``EDGE_TOLERANCE``, as in ``_window``."""
+    lo, hi = (float(x) for x in s.get("window_ms", (0.0, float("inf"))))
+    factor = float(s.get("speed_factor", 1.0))
+    planned = max(1, int(s.get("timed_runs", 10)))
+    warmup = max(0, int(s.get("warmup_runs", 3)))
+    slow_s = hi * (1 + EDGE_TOLERANCE) / factor / 1e3 + overhead
+    for which in ("compiled", "eager"):  # eager last: it is timed first
+        for _ in range(max(1, warmup)):
+            peer.request("run", which=which)
+    runs: list[float] = []
+    cycles: list[float] = []
+    claims: dict[str, list[float]] = {"eager": [], "compiled": []}
+    measures["lock_wait_s"] = round(peer.request("lock")[1], 4)
+    timed_from = time.perf_counter()
+    try:
+        for _ in range(planned):
+            ran, claimed = _timed_run(peer, "eager")
+            cycles.append(ran + peer.request("sample", seed=j.seed())[1])
+            runs.append(ran)
+            claims["eager"].append(claimed)
+            if sum(c > slow_s for c in cycles) > planned // 2:
+                break  # the median can no longer come inside the window
+        eager_ms = statistics.median(claims["eager"]) * factor
+        judged_upper = max(0.0, statistics.median(cycles) - overhead) * 1e3 * factor
+        inside = lo <= eager_ms <= hi and judged_upper <= hi * (1 + EDGE_TOLERANCE)
+        for _ in range(planned if inside else 0):
+            claims["compiled"].append(_timed_run(peer, "compiled")[1])
+    finally:
+        peer.request("unlock")
+    measures["timed_s"] = round(time.perf_counter() - timed_from, 4)
+    ms = max(0.0, statistics.median(runs) - overhead) * 1e3 * factor
+    eager = claims["eager"]
+    measures.update(
+        judged_ms=round(ms, 6),
+        judged_upper_ms=round(judged_upper, 6),
+        judged_runs=len(runs),
+        eager_ms_median=round(statistics.median(eager), 6),
+        eager_ms_min=round(min(eager), 6),
+        timed_runs=len(eager),
+        speed_factor=factor,
+        scaled_ms=round(eager_ms, 6),
+        window_ms=[lo, hi],
+    )
+    compiled = claims["compiled"]
+    if compiled:
+        median = statistics.median(compiled)
+        measures.update(
+            compiled_ms_median=round(median, 6),
+            compiled_ms_min=round(min(compiled), 6),
+            speedup=round(statistics.median(eager) / median, 4) if median > 0 else None,
+        )
+    if eager_ms < lo:
+        return "too_fast", f"eager median {eager_ms:.4g} ms < {lo} ms", measures
+    if eager_ms > hi:
+        return "too_slow", f"eager median {eager_ms:.4g} ms > {hi} ms", measures
+    if judged_upper > hi * (1 + EDGE_TOLERANCE):
+        detail = f"{judged_upper:.4g} ms by the worker's clock (with its output's sample) > {hi} ms"
+        return "too_slow", detail, measures
+    return "ok", "", measures
+
+
+def _timed_run(peer: j.Peer, which: str) -> tuple[float, float]:
+    """One timed forward after an L2 flush: (seconds by this process's clock, the forward's
+    milliseconds by the candidate's), the claim checked against the clock."""
+    peer.request("flush")
+    reply, ran = peer.request("run", which=which, time=True)
+    claimed = j.parse_ms(reply)
+    if claimed > ran * 1e3 * (1 + CLAIM_SLACK_SHARE) + CLAIM_SLACK_MS:
+        raise j.PeerFailure(
+            "protocol_violation",
+            f"run: a {which} forward claims {claimed:.4g} ms of a {ran * 1e3:.4g} ms request",
+        )
+    return ran, claimed

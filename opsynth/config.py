@@ -482,6 +482,17 @@ class FiltersConfig(_Section):
         "mean as a trivial answer), so no degenerate verdict rests on the candidate's process; "
         "false = what runs did before (v1.0.0's config pins it)",
     )
+    timing_in_verify: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="with the judge on, the runtime window is decided in verify alone: the "
+        "eager and compiled forwards are timed there, in one section holding the GPU alone, "
+        "by the candidate process's device events, which the worker accepts only within its "
+        "own clock's time for the same request; the candidate's runtime stage and compile's "
+        "timed runs are skipped. One exclusive section per candidate instead of three. false "
+        "= the candidate's own runtime stage applies the window, verify re-checks it by the "
+        "worker's clock with edge_tolerance (v1.0.0's config pins it)",
+    )
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
     batch_timers: bool = Field(

@@ -15,6 +15,9 @@ from opsynth.record import Task, Verdict
 
 # Stages whose measures are copied onto an exported row, so a dataset user needn't join.
 ANNOTATED_STAGES = ("runtime", "compile", "decontam", "dedup")
+# verify's row is copied too where it timed the task (``filters.timing_in_verify``), which its
+# ``scaled_ms`` measure shows: then it holds the runtime stage's measurements.
+TIMING_STAGE, TIMING_MEASURE = "verify", "scaled_ms"
 
 
 def group_by_task(verdicts: list[Verdict]) -> dict[str, list[Verdict]]:
@@ -52,11 +55,19 @@ def adopt_sized(
     return [renamed[t.id] for t in originals], [renamed.get(t.id, t) for t in candidates], moved
 
 
+def timing_measures(verdict: Verdict) -> dict[str, Any] | None:
+    """The measures of the row that timed a task (runtime's, or verify's where it timed it
+    itself: ``TIMING_MEASURE``), else None."""
+    timed = verdict.stage == "runtime" or verdict.stage == TIMING_STAGE
+    return verdict.measures if timed and TIMING_MEASURE in verdict.measures else None
+
+
 def annotate(task: Task, verdicts: list[Verdict]) -> Task:
     """Copy the key measurements onto the accepted row so a dataset user needn't join."""
     summary: dict[str, Any] = {}
     for v in verdicts:
-        if v.stage in ANNOTATED_STAGES:
+        timed = v.stage == TIMING_STAGE and TIMING_MEASURE in v.measures
+        if v.stage in ANNOTATED_STAGES or timed:
             summary[v.stage] = v.measures
         if v.device:
             summary["device"] = v.device

@@ -11,7 +11,7 @@ import pytest
 
 from opsynth.config import FiltersConfig
 from opsynth.filters.audit import audit_tasks
-from opsynth.filters.harness import FILTERS
+from opsynth.filters.pool import job_stages
 from opsynth.filters.samples import GOOD, task_source
 from opsynth.tasksets import load_task_set
 
@@ -80,6 +80,6 @@ def test_audit_keeps_good_and_counts_each_drop(tmp_path: Path) -> None:
     assert len(result.dropped) == 3
     assert seen[-1] == (2, 2)  # the duplicate is evaluated once
     kept_stages = [v.stage for v in result.verdicts if v.task_id == tasks[0].id]
-    assert kept_stages == ["static", *FILTERS.stages]
+    assert kept_stages == ["static", *job_stages(cfg)]
     static_rows = [v for v in result.verdicts if v.stage == "static"]
     assert len(static_rows) == 4 and all(v.device.startswith("cpu:") for v in static_rows)

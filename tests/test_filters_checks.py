@@ -17,8 +17,7 @@ import torch
 from opsynth.config import FiltersConfig
 from opsynth.evaluator.reasons import EVALUATION
 from opsynth.filters import candidate_load, checks, failures, gpu_sections, reasons
-from opsynth.filters.harness import FILTERS
-from opsynth.filters.pool import WorkerPool
+from opsynth.filters.pool import WorkerPool, job_stages
 from opsynth.filters.samples import GOOD, SAMPLES, Sample, task_source
 from opsynth.filters.smoke import run_smoke
 from opsynth.filters.verify import VERIFY_EVERY_DEGENERATE_CHECK
@@ -28,6 +27,8 @@ from opsynth.record import Task, Verdict
 # torch.compile of a fresh cache takes tens of seconds there.
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
 BASE = {"task_timeout_s": 180.0, "grace_s": 20.0, "warmup_runs": 1, "timed_runs": 5}
+SAMPLE_CFG = {"workers": 2, "window_ms_cpu": (0.0, 60000.0), **BASE}
+SAMPLE_STAGES = job_stages(FiltersConfig(**SAMPLE_CFG))
 
 
 def make_task(code: str, name: str = "sample") -> Task:
@@ -44,7 +45,7 @@ def cache_dir() -> str:
 
 @pytest.fixture(scope="module")
 def sample_pool(cache_dir: str) -> Iterator[WorkerPool]:
-    cfg = FiltersConfig(workers=2, cache_dir=cache_dir, window_ms_cpu=(0.0, 60000.0), **BASE)
+    cfg = FiltersConfig(cache_dir=cache_dir, **SAMPLE_CFG)
     with WorkerPool(cfg, "cpu") as pool:
         yield pool
 
@@ -63,7 +64,7 @@ LEFT_TO_VERIFY = [s for s in SAMPLES if s.stage == "degenerate"] + [
 ]
 # A job without the candidate's own degenerate stage, as a candidate that patched it away
 # would leave it: verify alone decides those facts.
-NO_OWN_DEGENERATE = {"stages": [s for s in FILTERS.stages if s != "degenerate"]}
+NO_OWN_DEGENERATE = {"stages": [s for s in SAMPLE_STAGES if s != "degenerate"]}
 
 
 def _verdicts(pool: WorkerPool, samples: list[Sample], overrides: dict[str, Any]) -> dict:
@@ -110,7 +111,7 @@ def test_before_the_setting_verify_took_two_degenerate_facts_from_the_candidate(
 def test_sample_gets_exactly_its_reason(
     sample: Sample, sample_run: tuple[dict[str, list[Verdict]], dict[str, Any]]
 ) -> None:
-    _assert_ends_with(sample_run[0][sample.name], FILTERS.stages, sample.stage, sample)
+    _assert_ends_with(sample_run[0][sample.name], SAMPLE_STAGES, sample.stage, sample)
 
 
 def _assert_ends_with(verdicts: list[Verdict], stages: Any, stage: str, sample: Sample) -> None:
@@ -146,11 +147,13 @@ def test_good_task_records_its_measures(
     assert rows["randomness"].measures["reseed_max_abs_diff"] == 0.0
     assert rows["degenerate"].measures["min_pairwise_rel_diff"] > 0.1
     assert rows["degenerate"].measures["input_influence"]["0"] > 0.1
-    runtime = rows["runtime"].measures
-    assert 0 < runtime["eager_ms_min"] <= runtime["eager_ms_median"]
-    assert runtime["device_name"] and runtime["speed_factor"] == 1.0
+    assert "runtime" not in rows  # timed in verify (filters.timing_in_verify, the default)
+    timed = rows["verify"].measures
+    assert 0 < timed["eager_ms_min"] <= timed["eager_ms_median"] <= timed["judged_upper_ms"]
+    assert timed["speed_factor"] == 1.0 and timed["timed_runs"] == BASE["timed_runs"]
+    assert timed["compiled_ms_median"] > 0 and timed["speedup"] > 0
     compiled = rows["compile"].measures
-    assert compiled["compile_s"] > 0 and compiled["compiled_ms_median"] > 0
+    assert compiled["compile_s"] > 0 and "compiled_ms_median" not in compiled
     assert compiled["max_abs_diff"] <= 1e-2
 
 
@@ -164,9 +167,17 @@ def test_rejections_explain_themselves(
     assert verdicts["times_zero"][-1].measures["spread"] == 0.0
 
 
-def test_runtime_window_and_speed_factor(cache_dir: str) -> None:
+@pytest.mark.parametrize("in_verify", [True, False], ids=["verify_times", "candidate_times"])
+def test_runtime_window_and_speed_factor(cache_dir: str, in_verify: bool) -> None:
+    """The window and the speed factor, applied where the run times: in verify (the default),
+    or in the candidate's runtime stage (runs made before ``filters.timing_in_verify``)."""
     cfg = FiltersConfig(
-        workers=1, cache_dir=cache_dir, window_ms_cpu=(5.0, 50.0), device_speed_factor=2.0, **BASE
+        workers=1,
+        cache_dir=cache_dir,
+        window_ms_cpu=(5.0, 50.0),
+        device_speed_factor=2.0,
+        timing_in_verify=in_verify,
+        **BASE,
     )
     tiny = make_task(task_source("return x * 2.0"), "tiny")
     # Sleeping makes "slow" independent of how fast the test machine is.
@@ -176,8 +187,9 @@ def test_runtime_window_and_speed_factor(cache_dir: str) -> None:
     with WorkerPool(cfg, "cpu") as pool:
         results = pool.evaluate([tiny, slow])
     fast_row, slow_row = results[tiny.id][-1], results[slow.id][-1]
-    assert (fast_row.stage, fast_row.reason) == ("runtime", "too_fast")
-    assert (slow_row.stage, slow_row.reason) == ("runtime", "too_slow")
+    stage = "verify" if in_verify else "runtime"
+    assert (fast_row.stage, fast_row.reason) == (stage, "too_fast"), fast_row.detail
+    assert (slow_row.stage, slow_row.reason) == (stage, "too_slow"), slow_row.detail
     for row in (fast_row, slow_row):
         m = row.measures
         assert m["speed_factor"] == 2.0 and m["window_ms"] == [5.0, 50.0]

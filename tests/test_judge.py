@@ -21,8 +21,10 @@ from opsynth.config import EvalConfig
 from opsynth.evaluator.score import Job, harness_settings, score_of
 from opsynth.evaluator.solution import Solution
 from opsynth.filters import judge as j
+from opsynth.filters.harness import FILTERS
 from opsynth.filters.samples import task_source
 from opsynth.filters.serve import proof_sum, sample_tensor
+from opsynth.filters.verify import TIMING_IN_VERIFY
 from opsynth.record import Task
 
 
@@ -359,20 +361,26 @@ TOO_FAST = task_source(
 
 
 # 50 ms of work per forward, its own clock claiming 10, and its serving loop replying to each
-# forward at once and doing the work when the sample is asked for.
+# forward at once (claiming 0.01 ms where verify times it) and doing the work when the sample
+# is asked for.
 DEFERS_ITS_WORK = task_source(
     "time.sleep(0.05)\n        return x * 2.0",
     header="import itertools, time\nfrom opsynth.filters import serve as _serve\n"
     "_ticks, _base = itertools.count(), time.perf_counter()\n"
     "time.perf_counter = lambda: _base + next(_ticks) * 0.01\n"
     "_run, _sample = _serve.Runner.run, _serve.Runner.sample\n"
-    "def _early(self, request):\n    self.pending = request\n    return {}\n"
+    "def _early(self, request):\n    self.pending = request\n    return {'ms': 0.01}\n"
     "def _late(self, request):\n"
     "    if getattr(self, 'pending', None) is not None:\n"
     "        _run(self, self.pending)\n        self.pending = None\n"
     "    return _sample(self, request)\n"
     "_serve.Runner.run, _serve.Runner.sample = _early, _late\n",
 )
+
+
+# A job's settings as before ``filters.timing_in_verify``: the candidate's runtime stage and
+# timed compiled runs, verify's re-check of the window by the worker's clock.
+CANDIDATE_TIMES = {"stages": list(FILTERS.stages), "time_compiled": True, TIMING_IN_VERIFY: False}
 
 
 HIDES_COMPUTE = model_new(
@@ -398,11 +406,14 @@ def judged(cpu_pool: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     hidden_rows = cpu_pool.run_harness(
         [Job(hidden.name, TASK, hidden.files())], "evaluator", harness_settings(strict)
     )
-    filtered = cpu_pool.wait(cpu_pool.submit([fast], overrides={"window_ms": [5.0, 60000.0]}))
-    deferred = cpu_pool.wait(cpu_pool.submit([slow], overrides={"window_ms": [0.0, 20.0]}))
+    runs = {}
+    for mode, timing in (("candidate", CANDIDATE_TIMES), ("verify", {})):
+        filtered = cpu_pool.submit([fast], overrides={"window_ms": [5.0, 60000.0], **timing})
+        deferred = cpu_pool.submit([slow], overrides={"window_ms": [0.0, 20.0], **timing})
+        runs[mode] = cpu_pool.wait(filtered)[fast.id], cpu_pool.wait(deferred)[slow.id]
     scores = {name: score_of(task(), pairs[name], rows[name], cfg) for name in pairs}
     scores[hidden.name] = score_of(task(), hidden, hidden_rows[hidden.name], strict)
-    return scores, filtered[fast.id], deferred[slow.id]
+    return scores, runs
 
 
 @pytest.mark.parametrize("name", list(SOLUTIONS))
@@ -432,7 +443,7 @@ def test_a_frozen_clock_in_the_solution_changes_no_timing(judged: Any) -> None:
 
 
 def test_a_task_whose_clock_lies_is_too_fast_by_the_workers_clock(judged: Any) -> None:
-    rows = judged[1]
+    rows = judged[1]["candidate"][0]
     runtime = next(v for v in rows if v.stage == "runtime")
     assert runtime.passed and runtime.measures["eager_ms_median"] >= 5.0  # its own claim
     assert (rows[-1].stage, rows[-1].reason) == ("verify", "too_fast"), rows[-1].detail
@@ -442,7 +453,7 @@ def test_a_task_whose_clock_lies_is_too_fast_by_the_workers_clock(judged: Any) -
 def test_a_task_that_replies_before_its_work_is_too_slow_by_the_workers_clock(judged) -> None:
     """Its own clock claims 10 ms and its forward's reply comes at once; the work (50 ms) is
     done when the sample is asked for, and the upper edge counts that sample."""
-    rows = judged[2]
+    rows = judged[1]["candidate"][1]
     runtime = next(v for v in rows if v.stage == "runtime")
     assert runtime.passed and runtime.measures["eager_ms_median"] <= 20.0  # its own claim
     assert (rows[-1].stage, rows[-1].reason) == ("verify", "too_slow"), rows[-1].detail
@@ -452,3 +463,22 @@ def test_a_task_that_replies_before_its_work_is_too_slow_by_the_workers_clock(ju
     measures = rows[-1].measures
     assert measures["timed_s"] >= 5 * 0.05 and measures["checks_s"] >= 0.05
     assert 0 <= measures["lock_wait_s"] < measures["timed_s"]
+
+
+def test_where_verify_times_a_clock_claiming_more_than_its_request_took_is_caught(judged):
+    """Timed in verify, the same task's patched clock claims 10 ms for a forward whose request
+    took microseconds by the worker's clock: a protocol violation, no runtime row of its own."""
+    rows = judged[1]["verify"][0]
+    assert [v.stage for v in rows] == ["eager", "randomness", "degenerate", "compile", "verify"]
+    assert (rows[-1].reason, rows[0].passed) == ("protocol_violation", True), rows[-1].detail
+    assert "claims" in rows[-1].detail
+
+
+def test_where_verify_times_an_understated_claim_is_too_slow_by_the_workers_clock(judged):
+    rows = judged[1]["verify"][1]
+    verdict = rows[-1]
+    assert (verdict.stage, verdict.reason) == ("verify", "too_slow"), verdict.detail
+    assert verdict.measures["scaled_ms"] <= 0.01 < 20.0 <= verdict.measures["judged_upper_ms"]
+    assert "compiled_ms_median" not in verdict.measures
+    compile_row = next(v for v in rows if v.stage == "compile")
+    assert "compiled_ms_median" not in compile_row.measures  # compile no longer times

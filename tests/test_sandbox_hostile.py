@@ -23,7 +23,7 @@ import torch
 from opsynth.config import FiltersConfig
 from opsynth.filters import compile_cache, privilege, sandbox
 from opsynth.filters.harness import FILTERS
-from opsynth.filters.pool import LOCK_DIR, WorkerPool, isolation_problem
+from opsynth.filters.pool import LOCK_DIR, WorkerPool, isolation_problem, job_stages
 from opsynth.filters.samples import GOOD, task_source
 from opsynth.record import Task, Verdict
 
@@ -87,9 +87,10 @@ def heartbeat_path(kind: str) -> Path:
 # call, or by writing every row themselves. Each fools its own stages; the worker's verify stage
 # (filters.verify), which decides from seeds, samples and a clock outside the process, does not.
 PATCH_CHECKS = "import sys\ncompare = sys.modules['opsynth.filters.compare']\n"
+# Every stage the job runs, verify's included (``filters.pool.job_stages``).
 FORGE_ROWS = """
 import json, os
-stages = ['eager', 'randomness', 'degenerate', 'runtime', 'compile', 'verify']
+stages = JOB_STAGES
 lines = [{'event': 'verdict', 'verdict': {'stage': s, 'passed': True, 'reason': 'ok',
           'detail': '', 'measures': {}}} for s in stages] + [{'event': 'done'}]
 for fd in range(3, 256):
@@ -98,6 +99,7 @@ for fd in range(3, 256):
     except OSError:
         pass
 """
+FORGE_ROWS = FORGE_ROWS.replace("JOB_STAGES", repr(list(job_stages(FiltersConfig()))))
 
 
 def forgeries() -> list[Hostile]:
@@ -677,7 +679,7 @@ def test_patching_torch_does_not_leak_into_the_next_candidate(host: Host) -> Non
         assert pool.stats["workers_started"] == 1  # the same worker served both
     patched, good = results[tasks[0].id], results[tasks[1].id]
     assert not patched[-1].passed
-    assert [v.reason for v in good] == ["ok"] * len(FILTERS.stages)
+    assert [v.reason for v in good] == ["ok"] * len(job_stages(FiltersConfig()))
 
 
 def cache_attack() -> str:
@@ -742,7 +744,7 @@ def test_a_candidate_cannot_pass_code_on_through_the_compile_cache(host: Host) -
     assert reported(plant, "written") == []
     assert reported(plant, "refused") > 0  # the layer holds files, each refused
     assert reported(look, "found") == []
-    assert [v.reason for v in good] == ["ok"] * len(FILTERS.stages)
+    assert [v.reason for v in good] == ["ok"] * len(job_stages(FiltersConfig()))
     layer = compile_cache.layer_dir(str(host.cache_dir), "cpu")
     assert compile_cache.is_complete(layer)
     assert not list(Path(layer).rglob("planted.py"))
@@ -812,7 +814,7 @@ def test_a_candidate_cannot_tamper_with_the_next_candidates_process(host: Host) 
         assert last.reason == "forward_error", last.detail
         assert "siblings=1 opened=[]" in last.detail, last.detail
     for good in (tasks[1], tasks[3]):
-        assert [v.reason for v in results[good.id]] == ["ok"] * len(FILTERS.stages)
+        assert [v.reason for v in results[good.id]] == ["ok"] * len(job_stages(FiltersConfig()))
 
 
 @pytest.mark.gpu
@@ -832,4 +834,4 @@ def test_illegal_memory_access_is_a_cuda_error(host: Host) -> None:
         replaced = pool.stats["workers_replaced"]
     assert results[tasks[0].id][-1].reason == "cuda_error"
     assert replaced >= 1  # a CUDA error retires the worker
-    assert [v.reason for v in results[tasks[1].id]] == ["ok"] * len(FILTERS.stages)
+    assert [v.reason for v in results[tasks[1].id]] == ["ok"] * len(job_stages(FiltersConfig()))

@@ -16,6 +16,7 @@ from opsynth.config import OPS6K_MIX
 from opsynth.funnel import funnel as funnel_counts
 from opsynth.record import Verdict
 from opsynth.rundata import RunData, decode_measures
+from opsynth.verdicts import TIMING_MEASURE, TIMING_STAGE
 
 TOP_REASONS = 3  # reasons named per stage in the funnel table
 TOP_NEAREST = 10  # KernelBench problems listed as nearest
@@ -120,28 +121,42 @@ def stage_measures(data: RunData, stage: str) -> pl.DataFrame:
     return decode_measures(rows)
 
 
+def timing_measures(data: RunData) -> pl.DataFrame:
+    """The rows of the stage that timed each candidate, measures spread: runtime's, and
+    verify's where it timed the candidates itself (``filters.timing_in_verify``; its rows then
+    carry ``TIMING_MEASURE``)."""
+    runtime, verify = stage_measures(data, "runtime"), stage_measures(data, TIMING_STAGE)
+    if TIMING_MEASURE not in verify.columns:
+        return runtime
+    verify = verify.filter(pl.col(TIMING_MEASURE).is_not_null())
+    return pl.concat([runtime, verify], how="diagonal_relaxed") if runtime.height else verify
+
+
 def runtime_values(data: RunData) -> dict[str, pl.Series]:
     """The measured numbers the runtime tables and plots use, one Series each (no nulls):
     eager ms of every candidate timed (pass or not), and compile speedup / time."""
-    runtime, compile_ = stage_measures(data, "runtime"), stage_measures(data, "compile")
+    timed, compile_ = timing_measures(data), stage_measures(data, "compile")
 
     def column(frame: pl.DataFrame, name: str) -> pl.Series:
         if name not in frame.columns:
             return pl.Series(name, [], pl.Float64)
         return frame[name].cast(pl.Float64, strict=False).drop_nulls().rename(name)
 
+    def compiled(name: str) -> pl.Series:
+        return pl.concat([column(compile_, name), column(timed, name)])
+
     return {
-        "eager_ms": column(runtime, "eager_ms_median"),
-        "eager_ms_scaled": column(runtime, "scaled_ms"),
-        "compiled_ms": column(compile_, "compiled_ms_median"),
-        "compile_speedup": column(compile_, "speedup"),
+        "eager_ms": column(timed, "eager_ms_median"),
+        "eager_ms_scaled": column(timed, "scaled_ms"),
+        "compiled_ms": compiled("compiled_ms_median"),
+        "compile_speedup": compiled("speedup"),
         "compile_s": column(compile_, "compile_s"),
     }
 
 
 def runtime_window(data: RunData) -> tuple[float, float] | None:
     """The eager window the runtime filter applied (from its verdicts, else the config)."""
-    runtime = stage_measures(data, "runtime")
+    runtime = timing_measures(data)
     if "window_ms" in runtime.columns:
         found = runtime["window_ms"].drop_nulls()
         if len(found):
@@ -186,7 +201,7 @@ def log_edges(values: pl.Series, per_decade: int = RUNTIME_BINS_PER_DECADE) -> l
 def runtime_histogram(data: RunData) -> pl.DataFrame:
     """Accepted tasks per log-spaced eager runtime bin (the time the window was checked on)."""
     accepted = set(data.accepted["id"].to_list())
-    runtime = stage_measures(data, "runtime")
+    runtime = timing_measures(data)
     if "scaled_ms" not in runtime.columns:
         return pl.DataFrame(schema={"lo_ms": pl.Float64, "hi_ms": pl.Float64, "tasks": pl.Int64})
     ms = runtime.filter(pl.col("task_id").is_in(list(accepted)))["scaled_ms"].cast(pl.Float64)
