@@ -96,11 +96,32 @@ def measures(stage: str, rng: random.Random, index: int, reason: str) -> dict:
     }.get(stage, {})
 
 
+def timed_in_verify(stage: str, rng: random.Random, index: int, reason: str) -> dict:
+    """A stage's measures where verify times the task (``filters.timing_in_verify``): the
+    runtime and compiled timings on verify's row, none on compile's."""
+    if stage == "verify":
+        compiled = measures("compile", rng, index, reason)
+        timed = {k: compiled[k] for k in ("compiled_ms_median", "speedup")}
+        return {**measures("runtime", rng, index, reason), **timed, "judged_ms": 1.0}
+    found = measures(stage, rng, index, reason)
+    return {k: v for k, v in found.items() if k not in ("compiled_ms_median", "speedup")}
+
+
 def judge(
-    task: Task, rng: random.Random, index: int, audit: bool, reject: dict | None = None
+    task: Task,
+    rng: random.Random,
+    index: int,
+    audit: bool,
+    reject: dict | None = None,
+    verify_times: bool = False,
 ) -> list[Verdict]:
     stop_stage, stop_reason = (REJECT if reject is None else reject).get(index, ("", ""))
-    stages = (["compose"] if not audit else []) + FILTER_STAGES + ["dedup"]
+    filters = FILTER_STAGES
+    if verify_times:
+        filters = [s for s in FILTER_STAGES if s != "runtime"] + ["verify"]
+        stop_stage = "verify" if stop_stage == "runtime" else stop_stage
+    stages = (["compose"] if not audit else []) + filters + ["dedup"]
+    measured = timed_in_verify if verify_times else measures
     verdicts = []
     for stage in stages:
         failed = stage == stop_stage
@@ -111,9 +132,9 @@ def judge(
                 not failed,
                 stop_reason if failed else "ok",
                 f"{stop_reason} at {stage}" if failed else "",
-                measures(stage, rng, index, stop_reason if failed else ""),
-                device=DEVICE if stage in FILTER_STAGES[2:] else "",
-                torch_version=TORCH if stage in FILTER_STAGES[2:] else "",
+                measured(stage, rng, index, stop_reason if failed else ""),
+                device=DEVICE if stage in filters[2:] else "",
+                torch_version=TORCH if stage in filters[2:] else "",
             )
         )
         if failed:
@@ -130,11 +151,13 @@ def make_run(
     target: int | None = None,
     tasks: list[Task] | None = None,
     reject: dict[int, tuple[str, str]] | None = None,
+    verify_times: bool = False,
 ) -> Path:
     """A finished run of ``n`` candidates at ``root``: five rejected (static, decontam,
     randomness, runtime, dedup), the rest accepted; ``target`` caps them with over_target.
     ``tasks``: these candidates instead (an audit of a given set); ``reject``: candidate
-    index -> (stage, reason) instead of the five."""
+    index -> (stage, reason) instead of the five; ``verify_times``: timed in verify
+    (``filters.timing_in_verify``: no runtime stage, its rejections verify's)."""
     rng = random.Random(seed)
     cfg = RunConfig()
     run = RunDir.create(root)
@@ -143,7 +166,7 @@ def make_run(
     verdicts: list[Verdict] = []
     accepted: list[Task] = []
     for index, task in enumerate(candidates):
-        rows = judge(task, rng, index, audit, reject)
+        rows = judge(task, rng, index, audit, reject, verify_times)
         verdicts += rows
         if all(v.passed for v in rows):
             accepted.append(task)

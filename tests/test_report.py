@@ -165,3 +165,23 @@ def test_notebook_executes_on_a_run(run, tmp_path):
     text, images = outputs(execute(tmp_path, {"OPSYNTH_RUN": str(run)}))
     assert "'accepted': 5" in text and "'plots': ['funnel'" in text
     assert images == len(PLOTS)
+
+
+def test_a_run_timed_in_verify_reports_and_exports_its_timings(tmp_path):
+    """Where verify decides the window (``filters.timing_in_verify``) the runtime and compile
+    numbers come from its rows: the report's tables and the full config's columns."""
+    from opsynth.publish.layout import full_frame
+    from opsynth.report import tables as t
+    from opsynth.rundata import load_run
+
+    data = load_run(make_run(tmp_path / "run", seed=8, verify_times=True))
+    assert "runtime" not in set(data.verdicts["stage"].to_list())
+    values = t.runtime_values(data)
+    timed = data.verdicts.filter(data.verdicts["stage"] == "verify").height
+    assert len(values["eager_ms"]) == timed and len(values["compile_speedup"]) == timed
+    assert t.runtime_window(data) == (0.1, 1000.0)
+    assert sum(t.runtime_histogram(data)["tasks"]) == data.accepted.height
+    full = full_frame(data)
+    assert full["eager_ms"].null_count() == full["compiled_ms"].null_count() == 0
+    assert full["compile_s"].null_count() == 0
+    assert ("verify", "too_fast") in set(t.reasons(data).select("stage", "reason").iter_rows())
