@@ -27,7 +27,6 @@ from opsynth.flows.stages import (
 )
 from opsynth.rechecked import carried_verdicts
 from opsynth.record import Task, Verdict, utc_now
-from opsynth.rundata import load_run
 from opsynth.store import RUNNING, STOPPED, RunDir, digest, read_tasks
 from opsynth.verdicts import group_by_task, passed_all
 
@@ -62,6 +61,8 @@ def audit(
     input_digest = digest([t.id for t in unique])
     carried_ids, carried = set(), []
     if reuse is not None:
+        from opsynth.rundata import load_run  # polars: only to read an earlier audit
+
         prior = load_run(Path(reuse), partial=True)
         ids = [t.id for t in unique]
         carried_ids, carried = carried_verdicts(prior, ids, cfg.config_hash(), device)

@@ -8,16 +8,21 @@ out of its export (after the rounds, so no chunk's work changes), the source quo
 places from the rows past the target, and the funnel says why each one went. An audit that
 checked rows the run did not accept is refused: it says nothing about this run.
 
-Plain functions over ``RunData``, ``RunDir`` and ``Verdict``; no Prefect.
+Plain functions over ``RunData``, ``RunDir`` and ``Verdict``; no Prefect. ``RunData`` (polars)
+is imported only where an audit is read: a run imports this module for ``read_rechecked`` on
+GPU hosts that have no polars.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsynth.record import Verdict
-from opsynth.rundata import RunData, load_run
 from opsynth.store import RunDir, RunDirError, read_tasks, read_verdicts, write_verdicts
+
+if TYPE_CHECKING:
+    from opsynth.rundata import RunData
 
 RECHECK_STAGE = "recheck"
 RECHECKED_FILE = "rechecked.parquet"  # in the run directory, beside run.json
@@ -54,6 +59,8 @@ def record_rechecked(run: RunDir, audit_path: Path) -> tuple[int, int]:
     """Add the rows the audit at ``audit_path`` rejected to the run's record; returns (rows
     newly dropped, rows dropped in all). Raises ``RecheckError`` when the audit is not one,
     or checked rows the run's last export did not accept."""
+    from opsynth.rundata import load_run
+
     try:
         audit = load_run(Path(audit_path), partial=True)
     except RunDirError as exc:

@@ -126,3 +126,18 @@ def test_the_rules_catch_a_broken_import(tmp_path: Path) -> None:
     bad.write_text("def f():\n    from opsynth.evaluator import judge\n    import filters\n")
     assert (2, "evaluator") in imports(bad) and (2, "evaluator.judge") in imports(bad)
     assert (3, "filters") in raw_imports(bad)
+
+
+def test_a_run_and_an_audit_import_without_polars() -> None:
+    """GPU hosts run ``opsynth run`` and ``opsynth audit`` without polars (the report and
+    publish need it; the flows that filter and export do not)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['polars'] = None\n"
+        "import opsynth.flows.regenerate, opsynth.flows.audit, opsynth.flows.cli\n"
+        "from opsynth.rechecked import read_rechecked\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
