@@ -189,15 +189,29 @@ def _window(
     # The forward's request alone for the lower edge; with the sample that follows it (which
     # cannot answer before the output is whole) for the upper one, so work deferred past the
     # forward's reply still counts against too_slow.
-    ms = max(0.0, statistics.median(runs) - overhead) * 1e3 * factor
-    upper = max(0.0, statistics.median(cycles) - overhead) * 1e3 * factor
+    ms = _by_clock(runs, overhead, factor)
+    upper = _by_clock(cycles, overhead, factor)
     measures.update(judged_ms=round(ms, 6), judged_upper_ms=round(upper, 6), judged_runs=len(runs))
     if ms < lo * (1 - EDGE_TOLERANCE):
         return "too_fast", f"{ms:.4g} ms by the worker's clock < {lo} ms", measures
+    return (*_upper_edge(upper, hi), measures)
+
+
+def _by_clock(seconds: list[float], overhead: float, factor: float) -> float:
+    """The median of requests timed by this process's clock, less the fastest ping, in
+    scaled milliseconds."""
+    return max(0.0, statistics.median(seconds) - overhead) * 1e3 * factor
+
+
+def _upper_edge(upper: float, hi: float) -> tuple[str, str]:
+    """(``too_slow``, why) when the worker's reading with the sample (``upper``, scaled ms) is
+    beyond the window's upper edge and ``EDGE_TOLERANCE``, else (``ok``, "")."""
     if upper > hi * (1 + EDGE_TOLERANCE):
-        detail = f"{upper:.4g} ms by the worker's clock (with its output's sample) > {hi} ms"
-        return "too_slow", detail, measures
-    return "ok", "", measures
+        return (
+            "too_slow",
+            f"{upper:.4g} ms by the worker's clock (with its output's sample) > {hi} ms",
+        )
+    return "ok", ""
 
 
 def _timed_window(
@@ -236,14 +250,14 @@ def _timed_window(
             if sum(c > slow_s for c in cycles) > planned // 2:
                 break  # the median can no longer come inside the window
         eager_ms = statistics.median(claims["eager"]) * factor
-        judged_upper = max(0.0, statistics.median(cycles) - overhead) * 1e3 * factor
-        inside = lo <= eager_ms <= hi and judged_upper <= hi * (1 + EDGE_TOLERANCE)
+        judged_upper = _by_clock(cycles, overhead, factor)
+        inside = lo <= eager_ms <= hi and _upper_edge(judged_upper, hi)[0] == "ok"
         for _ in range(planned if inside else 0):
             claims["compiled"].append(_timed_run(peer, "compiled")[1])
     finally:
         peer.request("unlock")
     measures["timed_s"] = round(time.perf_counter() - timed_from, 4)
-    ms = max(0.0, statistics.median(runs) - overhead) * 1e3 * factor
+    ms = _by_clock(runs, overhead, factor)
     eager = claims["eager"]
     measures.update(
         judged_ms=round(ms, 6),
@@ -268,10 +282,7 @@ def _timed_window(
         return "too_fast", f"eager median {eager_ms:.4g} ms < {lo} ms", measures
     if eager_ms > hi:
         return "too_slow", f"eager median {eager_ms:.4g} ms > {hi} ms", measures
-    if judged_upper > hi * (1 + EDGE_TOLERANCE):
-        detail = f"{judged_upper:.4g} ms by the worker's clock (with its output's sample) > {hi} ms"
-        return "too_slow", detail, measures
-    return "ok", "", measures
+    return (*_upper_edge(judged_upper, hi), measures)
 
 
 def _timed_run(peer: j.Peer, which: str) -> tuple[float, float]:

@@ -66,8 +66,7 @@ def annotate(task: Task, verdicts: list[Verdict]) -> Task:
     """Copy the key measurements onto the accepted row so a dataset user needn't join."""
     summary: dict[str, Any] = {}
     for v in verdicts:
-        timed = v.stage == TIMING_STAGE and TIMING_MEASURE in v.measures
-        if v.stage in ANNOTATED_STAGES or timed:
+        if v.stage in ANNOTATED_STAGES or timing_measures(v) is not None:
             summary[v.stage] = v.measures
         if v.device:
             summary["device"] = v.device

@@ -121,7 +121,7 @@ def stage_measures(data: RunData, stage: str) -> pl.DataFrame:
     return decode_measures(rows)
 
 
-def timing_measures(data: RunData) -> pl.DataFrame:
+def timed_rows(data: RunData) -> pl.DataFrame:
     """The rows of the stage that timed each candidate, measures spread: runtime's, and
     verify's where it timed the candidates itself (``filters.timing_in_verify``; its rows then
     carry ``TIMING_MEASURE``)."""
@@ -135,7 +135,7 @@ def timing_measures(data: RunData) -> pl.DataFrame:
 def runtime_values(data: RunData) -> dict[str, pl.Series]:
     """The measured numbers the runtime tables and plots use, one Series each (no nulls):
     eager ms of every candidate timed (pass or not), and compile speedup / time."""
-    timed, compile_ = timing_measures(data), stage_measures(data, "compile")
+    timed, compile_ = timed_rows(data), stage_measures(data, "compile")
 
     def column(frame: pl.DataFrame, name: str) -> pl.Series:
         if name not in frame.columns:
@@ -156,7 +156,7 @@ def runtime_values(data: RunData) -> dict[str, pl.Series]:
 
 def runtime_window(data: RunData) -> tuple[float, float] | None:
     """The eager window the runtime filter applied (from its verdicts, else the config)."""
-    runtime = timing_measures(data)
+    runtime = timed_rows(data)
     if "window_ms" in runtime.columns:
         found = runtime["window_ms"].drop_nulls()
         if len(found):
@@ -201,7 +201,7 @@ def log_edges(values: pl.Series, per_decade: int = RUNTIME_BINS_PER_DECADE) -> l
 def runtime_histogram(data: RunData) -> pl.DataFrame:
     """Accepted tasks per log-spaced eager runtime bin (the time the window was checked on)."""
     accepted = set(data.accepted["id"].to_list())
-    runtime = timing_measures(data)
+    runtime = timed_rows(data)
     if "scaled_ms" not in runtime.columns:
         return pl.DataFrame(schema={"lo_ms": pl.Float64, "hi_ms": pl.Float64, "tasks": pl.Int64})
     ms = runtime.filter(pl.col("task_id").is_in(list(accepted)))["scaled_ms"].cast(pl.Float64)
