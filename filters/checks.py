@@ -37,6 +37,7 @@ from opsynth.filters.failures import DETAIL_LIMIT, Fail, classify, describe
 from opsynth.filters.gpu_sections import compile_locked, gpu_lock
 from opsynth.filters.gpulock import exclusive_s, waited_s
 from opsynth.filters.harness import CODE_FILE, stages_of
+from opsynth.filters.judge import MAX_OUTPUTS
 from opsynth.filters.reasons import STAGES, VERIFY
 from opsynth.filters.serve import Runner, flush_l2
 from opsynth.filters.size_inline import size_here
@@ -346,6 +347,8 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
             raise Fail(classify(exc, "forward_error"), describe(exc, c.path)) from None
         first_ms = (time.perf_counter() - start) * 1e3
 
+        if len(outputs) > MAX_OUTPUTS:
+            raise Fail("too_many_outputs", f"{len(outputs)} output tensors; at most {MAX_OUTPUTS}")
         for k, t in enumerate(outputs):
             if t.device.type != c.device.type:
                 raise Fail("wrong_device", f"output {k} is on {t.device}, expected {c.device.type}")

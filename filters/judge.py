@@ -27,10 +27,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-MAX_REPLY_BYTES = 4 << 20
 POLL_S = 0.02
 # Positions sampled per output tensor (all of them when the output is smaller).
 SAMPLE_POSITIONS = 2048
+# The most tensors a forward may return (a longer tuple is ``too_many_outputs``): the bound
+# that keeps an honest sample reply, and so ``MAX_REPLY_BYTES``, finite.
+MAX_OUTPUTS = 64
+# The longest JSON float with its separator ("-2.2250738585072014e-308, "), and room per
+# output for its dtype, shape and sums: the largest reply an honest child sends fits.
+VALUE_BYTES, OUTPUT_OVERHEAD_BYTES = 26, 4096
+OUTPUT_BYTES = SAMPLE_POSITIONS * VALUE_BYTES + OUTPUT_OVERHEAD_BYTES
+MAX_REPLY_BYTES = MAX_OUTPUTS * OUTPUT_BYTES + (64 << 10)
 # Checksums per output, each against its own weights: a never-computed output slips past one
 # with a probability of at most about a tenth (its own scale against the bound), past all four
 # with about 1e-4, per call.
@@ -168,7 +175,7 @@ class Output:
 def parse_sample(reply: dict[str, Any], limit: int = SAMPLE_POSITIONS) -> list[Output]:
     """The outputs of a ``sample`` reply, every field checked; PeerFailure otherwise."""
     raw = reply.get("outputs")
-    if not isinstance(raw, list) or not raw or len(raw) > 64:
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_OUTPUTS:
         raise PeerFailure("protocol_violation", "sample: outputs is not a short list")
     outputs = []
     for item in raw:
@@ -268,7 +275,7 @@ def checksum_bound(e: Output, atol: float, rtol: float) -> float:
 def parse_proof(reply: dict[str, Any]) -> list[float]:
     """The per-output weighted sums a timed ``run`` reply carries; PeerFailure otherwise."""
     raw = reply.get("proof")
-    if not isinstance(raw, list) or not raw or len(raw) > 64:
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_OUTPUTS:
         raise PeerFailure("protocol_violation", "run: proof is not a short list")
     try:
         return [_number(v) for v in raw]

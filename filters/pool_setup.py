@@ -12,7 +12,11 @@ from typing import Any
 
 from opsynth.config import FiltersConfig
 from opsynth.filters import privilege, reasons, sandbox
-from opsynth.filters.verify import TIMING_IN_VERIFY, VERIFY_EVERY_DEGENERATE_CHECK
+from opsynth.filters.verify import (
+    TIMED_SAMPLE_POSITIONS,
+    TIMING_IN_VERIFY,
+    VERIFY_EVERY_DEGENERATE_CHECK,
+)
 
 # The sizing probe: build and run the model, then time it; nothing else.
 MEASURE_STAGES = ("eager", "runtime")
@@ -149,4 +153,5 @@ def check_settings(
         **({} if cfg.judge else {"stages": list(reasons.STAGES)}),
         **(TIMED_IN_VERIFY if cfg.judge and cfg.timing_in_verify else {}),
         VERIFY_EVERY_DEGENERATE_CHECK: cfg.judge_every_degenerate_fact,
+        TIMED_SAMPLE_POSITIONS: cfg.timed_sample_positions,
     }

@@ -22,6 +22,7 @@ EAGER: dict[str, str] = {
     "init_error": "get_init_inputs(), Model(...) or get_inputs() raised",
     "forward_error": "the forward pass raised",
     "bad_output": "forward returned something other than non-empty tensors (or tuples of them)",
+    "too_many_outputs": "forward returned more tensors than the judge samples (MAX_OUTPUTS)",
     "nonfinite_output": "an output contains NaN or Inf",
     "wrong_device": "an output or a module tensor is not on the evaluation device",
     "input_mutated": "forward modified its input tensors in place",

@@ -97,6 +97,12 @@ SAMPLES: tuple[Sample, ...] = (
     Sample("forward_raises", task_source("return x @ torch.randn(3, 5)"), "eager", "forward_error"),
     Sample("returns_float", task_source("return float(x.sum())"), "eager", "bad_output"),
     Sample("returns_empty", task_source("return x[:0]"), "eager", "bad_output"),
+    Sample(
+        "returns_65_tensors",
+        task_source("return torch.unbind(x, dim=1)", inputs="[torch.randn(8, 65)]"),
+        "eager",
+        "too_many_outputs",
+    ),
     Sample("returns_nan", task_source("return torch.log(x - 100.0)"), "eager", "nonfinite_output"),
     Sample("mutates_input", task_source("x.mul_(2.0)\n        return x"), "eager", "input_mutated"),
     Sample(

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from opsynth.filters.judge import CHECKSUMS, SAMPLE_POSITIONS
+from opsynth.filters.judge import CHECKSUMS, MAX_OUTPUTS, SAMPLE_POSITIONS
 
 Emit = Callable[[dict[str, Any]], None]
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -152,9 +152,14 @@ class Runner:
             tensors = [x for x in self.inputs if isinstance(x, torch.Tensor)]
         if not tensors:
             raise Refusal("bad_output", "nothing to sample")
+        if len(tensors) > MAX_OUTPUTS:
+            raise Refusal("too_many_outputs", f"{len(tensors)} tensors; at most {MAX_OUTPUTS}")
         seed = int(request["seed"])
+        # fewer positions where the worker asks (the sample after a timed run, which counts
+        # for its time alone), never more than the judge parses
+        k = min(max(1, int(request.get("positions", SAMPLE_POSITIONS))), SAMPLE_POSITIONS)
         with torch.no_grad():
-            return {"outputs": [sample_tensor(t, seed + i) for i, t in enumerate(tensors)]}
+            return {"outputs": [sample_tensor(t, seed + i, k) for i, t in enumerate(tensors)]}
 
     def take_lock(self, request: dict[str, Any]) -> dict[str, Any]:
         if self.lock is not None and self._held is None:

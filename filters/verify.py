@@ -47,6 +47,9 @@ TIMING_IN_VERIFY = "timing_in_verify"
 # A forward's own time may exceed the worker's time for its request by no more than this
 # (clock granularity): beyond it, the process claims time the forward did not take.
 CLAIM_SLACK_MS, CLAIM_SLACK_SHARE = 0.05, 0.01
+# The job setting that sets how many positions of each output the sample after a timed run
+# carries (``filters.timed_sample_positions``): the sample counts for its time only.
+TIMED_SAMPLE_POSITIONS = "timed_sample_positions"
 # Forward RNG states: the candidate's own checks use the same two.
 RNG, OTHER_RNG = 2000, 2001
 
@@ -167,6 +170,17 @@ def _ignored_input(
     return None
 
 
+def _timed_sample(peer: j.Peer, s: dict[str, Any]) -> float:
+    """The seconds of the sample that follows a timed run, which cannot answer before the
+    output is whole (its checksums read every element). Its values are compared with nothing,
+    so it carries ``timed_sample_positions`` of each output: at the judge's full count, a
+    forward returning many tensors was charged their samples' JSON, enough to pass the upper
+    edge."""
+    positions = int(s.get(TIMED_SAMPLE_POSITIONS, j.SAMPLE_POSITIONS))
+    extra = {"positions": positions} if positions < j.SAMPLE_POSITIONS else {}
+    return peer.request("sample", seed=j.seed(), **extra)[1]
+
+
 def _window(
     peer: j.Peer, s: dict[str, Any], overhead: float, measures: dict[str, Any]
 ) -> tuple[str, str, dict[str, Any]]:
@@ -180,7 +194,7 @@ def _window(
         for _ in range(TIMED_RUNS):
             peer.request("flush")
             ran = peer.request("run", which="eager")[1]
-            sampled = peer.request("sample", seed=j.seed())[1]
+            sampled = _timed_sample(peer, s)
             runs.append(ran)
             cycles.append(ran + sampled)
     finally:
@@ -244,7 +258,7 @@ def _timed_window(
     try:
         for _ in range(planned):
             ran, claimed = _timed_run(peer, "eager")
-            cycles.append(ran + peer.request("sample", seed=j.seed())[1])
+            cycles.append(ran + _timed_sample(peer, s))
             runs.append(ran)
             claims["eager"].append(claimed)
             if sum(c > slow_s for c in cycles) > planned // 2:

@@ -493,6 +493,17 @@ class FiltersConfig(_Section):
         "= the candidate's own runtime stage applies the window, verify re-checks it by the "
         "worker's clock with edge_tolerance (v1.0.0's config pins it)",
     )
+    timed_sample_positions: int = Field(
+        json_schema_extra=added_with(2048),
+        default=16,
+        ge=1,
+        le=2048,
+        description="values per output in the sample that follows each of verify's timed "
+        "runs, whose checksums make the worker's clock include the whole output's work; its "
+        "values are compared with nothing, so few suffice; the judge's full count (2048) "
+        "charged a forward returning many tensors their samples' JSON, enough to make it "
+        "too_slow. 2048 = what runs did before (v1.0.0's config pins it)",
+    )
     warmup_runs: int = Field(default=3, ge=0)
     timed_runs: int = Field(default=10, ge=1, description="eager median over this many runs")
     batch_timers: bool = Field(

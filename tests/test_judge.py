@@ -23,7 +23,7 @@ from opsynth.evaluator.solution import Solution
 from opsynth.filters import judge as j
 from opsynth.filters.harness import FILTERS
 from opsynth.filters.samples import task_source
-from opsynth.filters.serve import proof_sum, sample_tensor
+from opsynth.filters.serve import Refusal, Runner, proof_sum, sample_tensor
 from opsynth.filters.verify import TIMING_IN_VERIFY
 from opsynth.record import Task
 
@@ -205,6 +205,34 @@ def test_the_watchdog_ends_a_silent_peer() -> None:
         peer.request("ping")
     assert not script.seen
     assert failure.value.reason == "resource_limit"
+
+
+def test_the_largest_honest_sample_fits_the_reply_bound_and_more_outputs_are_refused() -> None:
+    """``MAX_OUTPUTS`` outputs, every sampled value as long as JSON writes a float, reach the
+    worker whole; one output more is the task's ``too_many_outputs``, not a reply the worker
+    cuts off as a protocol violation."""
+    worst = torch.full((2 * j.SAMPLE_POSITIONS,), -2.2250738585072014e-308, dtype=torch.float64)
+    runner = Runner(torch.device("cpu"), lambda seed: [], {})
+    runner.outputs = [worst] * j.MAX_OUTPUTS
+    line = (json.dumps({"re": "sample", **runner.sample({"seed": 1})}) + "\n").encode()
+    assert len(line) <= j.MAX_REPLY_BYTES
+    reply, _ = Scripted([line]).peer().request("sample", seed=1)
+    assert len(j.parse_sample(reply)) == j.MAX_OUTPUTS
+    runner.outputs = [worst] * (j.MAX_OUTPUTS + 1)
+    with pytest.raises(Refusal) as refused:
+        runner.sample({"seed": 1})
+    assert refused.value.reason == "too_many_outputs"
+
+
+def test_a_sample_carries_as_many_positions_as_the_worker_asks_for() -> None:
+    runner = Runner(torch.device("cpu"), lambda seed: [], {})
+    runner.outputs = [torch.randn(10_000), torch.randn(3)]
+    few = j.parse_sample(runner.sample({"seed": 5, "positions": 16}), 16)
+    assert [len(out.values) for out in few] == [16, 3]
+    full = j.parse_sample(runner.sample({"seed": 5}))
+    assert [len(out.values) for out in full] == [j.SAMPLE_POSITIONS, 3]
+    beyond = j.parse_sample(runner.sample({"seed": 5, "positions": 10**6}))
+    assert len(beyond[0].values) == j.SAMPLE_POSITIONS  # never more than the judge parses
 
 
 def test_seeds_are_unpredictable() -> None:

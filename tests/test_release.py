@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsynth.config import OPS6K_MIX, load_config
+from opsynth.config import OPS6K_MIX, FiltersConfig, load_config
 from opsynth.filters.verify import EDGE_TOLERANCE
 from opsynth.store import read_tasks, read_verdicts
 from opsynth.verdicts import group_by_task, passed_all
@@ -25,14 +25,16 @@ def test_release_config_asks_for_ops6k() -> None:
 
 def test_recheck_config_differs_from_the_run_only_where_it_says() -> None:
     """The re-check filters as the run did but for today's filters (``verify`` decides every
-    degenerate fact and the runtime window) and the runtime window widened by the share
-    ``verify`` allows."""
+    degenerate fact and the runtime window, with a small sample after each timed run) and the
+    runtime window widened by the share ``verify`` allows."""
     run = load_config(RELEASE / "config.toml").filters.model_dump()
     recheck = load_config(RELEASE / "recheck.toml").filters.model_dump()
     changed = {k for k in run if run[k] != recheck[k]}
-    assert changed == {"judge_every_degenerate_fact", "timing_in_verify", "window_ms_cuda"}
-    for today in ("judge_every_degenerate_fact", "timing_in_verify"):
-        assert recheck[today] and not run[today]
+    today = {"judge_every_degenerate_fact", "timing_in_verify", "timed_sample_positions"}
+    assert changed == {*today, "window_ms_cuda"}
+    defaults = FiltersConfig().model_dump()
+    for name in today:
+        assert recheck[name] == defaults[name] != run[name]
     low, high = run["window_ms_cuda"]
     slack = EDGE_TOLERANCE
     assert recheck["window_ms_cuda"] == pytest.approx((low * (1 - slack), high * (1 + slack)))

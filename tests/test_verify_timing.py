@@ -113,3 +113,32 @@ def test_the_lock_is_released_when_a_claim_breaks_the_protocol() -> None:
     with pytest.raises(j.PeerFailure):
         window(peer)
     assert peer.seen[-1][0] == "unlock"
+
+
+class ManyOutputsPeer(TimedPeer):
+    """A forward returning 64 tensors, whose sample costs its process time in proportion to
+    the positions asked of each output (the JSON it writes)."""
+
+    def request(self, op: str, **fields: Any) -> tuple[dict[str, Any], float]:
+        reply, seconds = super().request(op, **fields)
+        if op == "sample":
+            seconds = 64 * fields.get("positions", j.SAMPLE_POSITIONS) * 0.9e-6 + 1e-4
+        return reply, seconds
+
+
+@pytest.mark.parametrize("timing_in_verify", [True, False])
+def test_the_sample_after_a_timed_run_carries_few_positions(timing_in_verify: bool) -> None:
+    """A 3 ms forward is inside the window however many tensors it returns: the sample that
+    follows each timed run asks for ``timed_sample_positions`` of each. At the judge's full
+    count (the setting runs made before it pin) the request is the one they sent, and its
+    JSON takes the same forward past the upper edge."""
+
+    def judged(positions: int) -> tuple[str, set[Any]]:
+        peer = ManyOutputsPeer(wall_ms=3.0, claim=2.9)
+        settings = {**SETTINGS, verify.TIMED_SAMPLE_POSITIONS: positions}
+        decide = verify._timed_window if timing_in_verify else verify._window
+        reason = decide(peer, settings, OVERHEAD_S, {})[0]  # type: ignore[arg-type]
+        return reason, {f.get("positions") for op, f in peer.seen if op == "sample"}
+
+    assert judged(16) == ("ok", {16})
+    assert judged(j.SAMPLE_POSITIONS) == ("too_slow", {None})
