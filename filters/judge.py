@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 POLL_S = 0.02
+# The reason code of a passed row (``filters.reasons.OK``), which no failure may carry.
+PASSED = "ok"
 # Positions sampled per output tensor (all of them when the output is smaller).
 SAMPLE_POSITIONS = 2048
 # The most tensors a forward may return (a longer tuple is ``too_many_outputs``): the bound
@@ -119,6 +121,8 @@ class Peer:
             reason, detail = reply.get("error"), reply.get("detail", "")
             if not isinstance(reason, str) or not isinstance(detail, str):
                 raise PeerFailure("protocol_violation", f"{op}: a malformed failure")
+            if reason == PASSED:  # a refusal is the stage's row: "ok" would pass it unchecked
+                raise PeerFailure("protocol_violation", f"{op}: a failure that claims to pass")
             raise Refused(reason, detail[:2000])
         return reply, seconds
 

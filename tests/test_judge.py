@@ -176,10 +176,11 @@ class Scripted:
         (b'{"re": "draw"}\n', "protocol_violation"),
         (b'["ping"]\n', "protocol_violation"),
         (b'{"re": "ping", "error": 3}\n', "protocol_violation"),
+        (b'{"re": "ping", "error": "ok", "detail": ""}\n', "protocol_violation"),
         (b"x" * (j.MAX_REPLY_BYTES + 10), "protocol_violation"),
         (None, "exited"),
     ],
-    ids=["not_json", "other_request", "not_object", "bad_error", "oversized", "closed"],
+    ids=["not_json", "other_request", "not_object", "bad_error", "ok_error", "oversized", "closed"],
 )
 def test_a_bad_reply_ends_the_conversation_with_a_reason(answer: Any, reason: str) -> None:
     script = Scripted([answer])

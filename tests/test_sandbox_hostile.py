@@ -159,6 +159,26 @@ def forgeries() -> list[Hostile]:
             stage="verify",
         ),
         Hostile(
+            # its own stages pass by patched checks; every request verify makes is answered
+            # with a failure named "ok", which would otherwise be verify's row
+            "zeros_refusing_verify_with_ok",
+            t(
+                "return torch.zeros_like(x)",
+                header=PATCH_CHECKS + "compare.trivial_answer = lambda *a, **k: ''\n"
+                "compare.rel_diff = lambda *a, **k: 1.0\n"
+                "compare.real_view = lambda t: torch.arange(t.numel(), dtype=torch.float32)\n"
+                "serve = sys.modules['opsynth.filters.serve']\n"
+                "class _Refusals(dict):\n"
+                "    def __missing__(self, op):\n"
+                "        def refuse(request):\n"
+                "            raise serve.Refusal('ok', '')\n"
+                "        return refuse\n"
+                "serve.Runner.handlers = lambda self: _Refusals()\n",
+            ),
+            "protocol_violation",
+            stage="verify",
+        ),
+        Hostile(
             "forged_rows_for_every_stage",
             t("return torch.zeros_like(x)", header=FORGE_ROWS),
             "protocol_violation",
