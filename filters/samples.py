@@ -98,8 +98,8 @@ SAMPLES: tuple[Sample, ...] = (
     Sample("returns_float", task_source("return float(x.sum())"), "eager", "bad_output"),
     Sample("returns_empty", task_source("return x[:0]"), "eager", "bad_output"),
     Sample(
-        "returns_65_tensors",
-        task_source("return torch.unbind(x, dim=1)", inputs="[torch.randn(8, 65)]"),
+        "returns_257_tensors",
+        task_source("return torch.unbind(x, dim=1)", inputs="[torch.randn(2, 257)]"),
         "eager",
         "too_many_outputs",
     ),
