@@ -73,7 +73,7 @@ def test_a_forward_proves_its_output_whole_within_the_tolerance() -> None:
     assert proof_sum(right, 11) == want and proof_sum(right, 12) != want
 
 
-@pytest.mark.parametrize("proof", [None, [], ["1.0"], [1.0] * 65, "1.0"])
+@pytest.mark.parametrize("proof", [None, [], ["1.0"], [1.0] * (j.MAX_OUTPUTS + 1), "1.0"])
 def test_a_malformed_proof_is_a_protocol_violation(proof: Any) -> None:
     with pytest.raises(j.PeerFailure) as failed:
         j.parse_proof({"proof": proof})
