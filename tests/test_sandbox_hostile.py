@@ -87,6 +87,12 @@ def heartbeat_path(kind: str) -> Path:
 # call, or by writing every row themselves. Each fools its own stages; the worker's verify stage
 # (filters.verify), which decides from seeds, samples and a clock outside the process, does not.
 PATCH_CHECKS = "import sys\ncompare = sys.modules['opsynth.filters.compare']\n"
+# What lets a zeros task through its own degenerate checks.
+ZEROS_PASS_OWN_CHECKS = (
+    PATCH_CHECKS + "compare.trivial_answer = lambda *a, **k: ''\n"
+    "compare.rel_diff = lambda *a, **k: 1.0\n"
+    "compare.real_view = lambda t: torch.arange(t.numel(), dtype=torch.float32)\n"
+)
 # Every stage the job runs, verify's included (``filters.pool.job_stages``).
 FORGE_ROWS = """
 import json, os
@@ -109,9 +115,7 @@ def forgeries() -> list[Hostile]:
             "zeros_behind_patched_checks",
             t(
                 "return torch.zeros_like(x)",
-                header=PATCH_CHECKS + "compare.trivial_answer = lambda *a, **k: ''\n"
-                "compare.rel_diff = lambda *a, **k: 1.0\n"
-                "compare.real_view = lambda t: torch.arange(t.numel(), dtype=torch.float32)\n",
+                header=ZEROS_PASS_OWN_CHECKS,
             ),
             "constant_output",
             stage="verify",
@@ -164,10 +168,7 @@ def forgeries() -> list[Hostile]:
             "zeros_refusing_verify_with_ok",
             t(
                 "return torch.zeros_like(x)",
-                header=PATCH_CHECKS + "compare.trivial_answer = lambda *a, **k: ''\n"
-                "compare.rel_diff = lambda *a, **k: 1.0\n"
-                "compare.real_view = lambda t: torch.arange(t.numel(), dtype=torch.float32)\n"
-                "serve = sys.modules['opsynth.filters.serve']\n"
+                header=ZEROS_PASS_OWN_CHECKS + "serve = sys.modules['opsynth.filters.serve']\n"
                 "class _Refusals(dict):\n"
                 "    def __missing__(self, op):\n"
                 "        def refuse(request):\n"
