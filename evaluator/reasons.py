@@ -28,9 +28,10 @@ EVALUATION: dict[str, str] = {
 # The stages of one (task, solution) evaluation, in order.
 EVAL_STAGES: tuple[str, ...] = ("build", "correctness", "timing")
 
-# Codes the evaluator shares with the filters' checks: a solution that writes its inputs, or
-# runs out of device memory, is refused for the same reason a task would be.
-SHARED = ("input_mutated", "oom")
+# Codes the evaluator shares with the filters' checks: a solution that writes its inputs, runs
+# out of device memory, or returns nothing or more tensors than a sample holds
+# (``filters.serve``'s refusals) is refused for the same reason a task would be.
+SHARED = ("input_mutated", "oom", "bad_output", "too_many_outputs")
 
 HARNESS = register(
     Harness(

@@ -30,6 +30,12 @@ from typing import Any
 POLL_S = 0.02
 # The reason code of a passed row (``filters.reasons.OK``), which no failure may carry.
 PASSED = "ok"
+# Runner codes (``filters.reasons.INFRA``) only the worker observes: its watchdog, its wait for
+# the child's exit, its own checks. A child naming one as its failure would pass its fault off
+# as the runner's (a ``filter_error``) or as a neighbour's (``timeout``, retried alone).
+RUNNER_ONLY = frozenset(
+    {"timeout", "crashed", "worker_lost", "output_flood", "filter_error", "protocol_violation"}
+)
 # Positions sampled per output tensor (all of them when the output is smaller).
 SAMPLE_POSITIONS = 2048
 # The most tensors a forward may return (a longer tuple is ``too_many_outputs``): the bound
@@ -77,7 +83,8 @@ class PeerFailure(Exception):
 
 class Refused(Exception):
     """The child answered a request with a failure of its own (a forward that raised, an
-    out-of-memory): ``reason`` as it gave it, still to be checked against the stage's codes."""
+    out-of-memory): ``reason`` as it gave it, a code of the harness's rows that the child
+    itself can observe (never ``ok`` nor one of ``RUNNER_ONLY``)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -93,11 +100,19 @@ class Peer:
     (``time.monotonic``) bounds the whole conversation."""
 
     def __init__(
-        self, request_fd: int, reply_fd: int, *, deadline: float, tick: Tick, pending: bytes = b""
+        self,
+        request_fd: int,
+        reply_fd: int,
+        *,
+        deadline: float,
+        tick: Tick,
+        pending: bytes = b"",
+        known: Callable[[str], bool] = lambda reason: True,
     ) -> None:
         self.request_fd, self.reply_fd = request_fd, reply_fd
         self.deadline, self.tick = deadline, tick
         self.buffer = bytearray(pending)
+        self.known = known  # the reason codes of the harness's rows (``Harness.known``)
 
     def request(self, op: str, **fields: Any) -> tuple[dict[str, Any], float]:
         """Send one request; the reply and the seconds from sending to having it whole, by
@@ -124,6 +139,9 @@ class Peer:
                 raise PeerFailure("protocol_violation", f"{op}: a malformed failure")
             if reason == PASSED:  # a refusal is the stage's row: "ok" would pass it unchecked
                 raise PeerFailure("protocol_violation", f"{op}: a failure that claims to pass")
+            if reason in RUNNER_ONLY or not self.known(reason):
+                why = f"{op}: a failure it cannot give ({reason[:64]!r})"
+                raise PeerFailure("protocol_violation", why)
             raise Refused(reason, detail[:2000])
         return reply, seconds
 

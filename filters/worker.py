@@ -365,7 +365,14 @@ class Worker:
                     return exit_failure(status, job["log_path"], settings)
                 return self.watchdog.limits(of.pid, job["log_path"], settings)
 
-            return Peer(of.go_fd, of.report_fd, deadline=deadline, tick=tick, pending=pending)
+            return Peer(
+                of.go_fd,
+                of.report_fd,
+                deadline=deadline,
+                tick=tick,
+                pending=pending,
+                known=harness.known,
+            )
 
         def spawn(**overrides: Any) -> Peer:
             started_job = {**job, "settings": {**settings, **overrides}}

@@ -177,10 +177,20 @@ class Scripted:
         (b'["ping"]\n', "protocol_violation"),
         (b'{"re": "ping", "error": 3}\n', "protocol_violation"),
         (b'{"re": "ping", "error": "ok", "detail": ""}\n', "protocol_violation"),
+        (b'{"re": "ping", "error": "worker_lost", "detail": ""}\n', "protocol_violation"),
         (b"x" * (j.MAX_REPLY_BYTES + 10), "protocol_violation"),
         (None, "exited"),
     ],
-    ids=["not_json", "other_request", "not_object", "bad_error", "ok_error", "oversized", "closed"],
+    ids=[
+        "not_json",
+        "other_request",
+        "not_object",
+        "bad_error",
+        "ok_error",
+        "runner_code_error",
+        "oversized",
+        "closed",
+    ],
 )
 def test_a_bad_reply_ends_the_conversation_with_a_reason(answer: Any, reason: str) -> None:
     script = Scripted([answer])
@@ -197,6 +207,57 @@ def test_replies_are_matched_to_requests_and_timed_here() -> None:
     with pytest.raises(j.Refused) as refused:
         peer.request("run", which="eager")
     assert (refused.value.reason, script.seen[1]) == ("oom", {"op": "run", "which": "eager"})
+
+
+# Refusal codes: the ones a child's own classification gives, then ones it cannot give.
+CODES = (
+    "forward_error",
+    "oom",
+    "resource_limit",
+    "cuda_error",
+    "exited",
+    "timeout",
+    "filter_error",
+    "no_such_code",
+)
+
+
+def test_a_refusal_carries_only_a_code_the_child_can_observe_of_its_harness() -> None:
+    """The failures a child's own classification gives (``filters.failures.classify``) are
+    refusals; the runner's own codes and codes outside the harness's rows are violations."""
+    import time
+
+    from opsynth.filters import reasons
+    from opsynth.filters.harness import FILTERS
+
+    assert set(reasons.INFRA) >= j.RUNNER_ONLY
+    answers = [b'{"re": "run", "error": "%s", "detail": ""}\n' % c.encode() for c in CODES]
+    script = Scripted(answers)
+    peer = j.Peer(
+        script.requests_w,
+        script.replies_r,
+        deadline=time.monotonic() + 5,
+        tick=lambda: None,
+        known=FILTERS.known,
+    )
+    outcomes = {}
+    for code in CODES:
+        try:
+            peer.request("run")
+        except j.Refused as refused:
+            outcomes[code] = refused.reason
+        except j.PeerFailure as failure:
+            outcomes[code] = failure.reason
+    assert outcomes == {
+        "forward_error": "forward_error",
+        "oom": "oom",
+        "resource_limit": "resource_limit",
+        "cuda_error": "cuda_error",
+        "exited": "exited",
+        "timeout": "protocol_violation",
+        "filter_error": "protocol_violation",
+        "no_such_code": "protocol_violation",
+    }
 
 
 def test_the_watchdog_ends_a_silent_peer() -> None:

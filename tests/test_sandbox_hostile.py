@@ -93,6 +93,22 @@ ZEROS_PASS_OWN_CHECKS = (
     "compare.rel_diff = lambda *a, **k: 1.0\n"
     "compare.real_view = lambda t: torch.arange(t.numel(), dtype=torch.float32)\n"
 )
+
+
+def refusing_every_request(reason: str) -> str:
+    """A header whose task passes its own checks as zeros, then answers every request of the
+    judge with a failure named ``reason``."""
+    return (
+        ZEROS_PASS_OWN_CHECKS + "serve = sys.modules['opsynth.filters.serve']\n"
+        "class _Refusals(dict):\n"
+        "    def __missing__(self, op):\n"
+        "        def refuse(request):\n"
+        f"            raise serve.Refusal({reason!r}, '')\n"
+        "        return refuse\n"
+        "serve.Runner.handlers = lambda self: _Refusals()\n"
+    )
+
+
 # Every stage the job runs, verify's included (``filters.pool.job_stages``).
 FORGE_ROWS = """
 import json, os
@@ -166,16 +182,15 @@ def forgeries() -> list[Hostile]:
             # its own stages pass by patched checks; every request verify makes is answered
             # with a failure named "ok", which would otherwise be verify's row
             "zeros_refusing_verify_with_ok",
-            t(
-                "return torch.zeros_like(x)",
-                header=ZEROS_PASS_OWN_CHECKS + "serve = sys.modules['opsynth.filters.serve']\n"
-                "class _Refusals(dict):\n"
-                "    def __missing__(self, op):\n"
-                "        def refuse(request):\n"
-                "            raise serve.Refusal('ok', '')\n"
-                "        return refuse\n"
-                "serve.Runner.handlers = lambda self: _Refusals()\n",
-            ),
+            t("return torch.zeros_like(x)", header=refusing_every_request("ok")),
+            "protocol_violation",
+            stage="verify",
+        ),
+        Hostile(
+            # the same with a code only the runner observes: the funnel would count the
+            # zeros task as a filter's own bug instead of a violation
+            "zeros_refusing_verify_as_filter_error",
+            t("return torch.zeros_like(x)", header=refusing_every_request("filter_error")),
             "protocol_violation",
             stage="verify",
         ),
