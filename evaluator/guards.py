@@ -34,9 +34,23 @@ REASONS: dict[str, str] = {
     "hack_decoy_kernel": "a __global__ kernel that is never launched",
     "hack_indirect_name": "kernel sources build or look up names the guards cannot read "
     "(## token pasting, dlopen/dlsym)",
+    "hack_torch_compiler": "hands PyTorch code to one of torch's compilers (torch.jit, "
+    "torch.compile, torch.fx, ...), whose ops run where the runtime guard does not see them",
 }
 
 STREAM_NAMES = ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.set_stream")
+# TorchScript, Dynamo/Inductor and FX run the ops they were given from C++ or generated code,
+# never through the torch function mode that counts a solution's PyTorch compute.
+TORCH_COMPILERS = (
+    "torch.jit",
+    "torch.compile",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.fx",
+    "torch.export",
+    "torch._export",
+    "torch._higher_order_ops",
+)
 STREAM_CPP = re.compile(r"\b(cudaStreamCreate\w*|getStreamFromPool|setCurrentCUDAStream)\b")
 THREAD_CPP = re.compile(r"\bstd::(thread|async)\b|\bpthread_create\b")
 # Names assembled by the preprocessor (``CAT(cudaStream, Create)``) or looked up at run time
@@ -80,10 +94,12 @@ def _python_hack(tree: ast.Module) -> Decision | None:
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name in hooks:
                     return drop("hack_tensor_subclass", f"line {item.lineno}: {item.name}")
-        if isinstance(node, ast.Attribute):
+        if isinstance(node, ast.Attribute | ast.Name):
             dotted = dotted_name(node, aliases)
             if any(dotted == s or dotted.startswith(s + ".") for s in STREAM_NAMES):
                 return drop("hack_stream", f"line {line}: {dotted}")
+            if any(dotted == s or dotted.startswith(s + ".") for s in TORCH_COMPILERS):
+                return drop("hack_torch_compiler", f"line {line}: {dotted}")
         if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:

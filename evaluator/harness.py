@@ -34,6 +34,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from opsynth.filters.candidate_load import draw_inputs, load_module
+from opsynth.filters.failures import exception_text
 from opsynth.filters.gpu_sections import compile_locked, gpu_lock
 
 Event = torch.cuda.Event
@@ -411,7 +412,7 @@ def _row(stage: str, passed: bool, reason: str, detail: str, measures: dict) -> 
 
 
 def _classify(exc: BaseException, stage: str) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    text = exception_text(exc)
     if "CUDA error" in text or "device-side assert" in text or "illegal memory" in text:
         return "cuda_error"
     if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in text:
@@ -421,4 +422,4 @@ def _classify(exc: BaseException, stage: str) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:DETAIL_LIMIT]
+    return exception_text(exc)[:DETAIL_LIMIT]

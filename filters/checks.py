@@ -38,6 +38,7 @@ from opsynth.filters.gpu_sections import compile_locked, gpu_lock
 from opsynth.filters.gpulock import exclusive_s, waited_s
 from opsynth.filters.harness import CODE_FILE, stages_of
 from opsynth.filters.judge import MAX_OUTPUTS
+from opsynth.filters.protocol import INT64
 from opsynth.filters.reasons import STAGES, VERIFY
 from opsynth.filters.serve import Runner, flush_l2
 from opsynth.filters.size_inline import size_here
@@ -628,8 +629,10 @@ def misplaced_tensors(model: torch.nn.Module, device: torch.device) -> list[str]
 def _describe_value(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
-    if isinstance(value, int | float | bool | str) or value is None:
-        return value
+    if isinstance(value, str):
+        return value[:200]
+    if isinstance(value, int | float | bool) or value is None:
+        return jsonable(value)
     return type(value).__name__
 
 
@@ -659,6 +662,8 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT64 <= value < INT64:
+        return f"an integer of {value.bit_length()} bits"  # beyond a measure (and str())
     if isinstance(value, bool | int | float | str) or value is None:
         return value
     return str(value)

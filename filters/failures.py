@@ -25,13 +25,27 @@ class Fail(Exception):
         self.measures = measures
 
 
+def exception_text(exc: BaseException) -> str:
+    """``Type: message`` of an exception candidate code raised, whatever its ``__str__`` does
+    (one that raises, or returns something else, is the candidate's to get wrong, not the
+    harness's)."""
+    try:
+        name = type(exc).__name__
+        message = str(exc)
+    except BaseException:  # a __str__ that raises: the message is what the candidate chose
+        return "Exception: <a message that cannot be shown>"
+    if not isinstance(name, str):
+        name = "Exception"
+    return f"{name}: {message}"
+
+
 def classify(exc: BaseException, default: str) -> str:
     """Map an exception raised by candidate code to a reason code."""
     if isinstance(exc, SystemExit):
         return "exited"
     if isinstance(exc, MemoryError | getattr(torch, "OutOfMemoryError", MemoryError)):
         return "oom"
-    text = str(exc)
+    text = exception_text(exc)
     lowered = text.lower()
     # cuBLAS/cuDNN/cuFFT handles that cannot get their workspace: the device is out of memory
     if "out of memory" in lowered or "can't allocate memory" in lowered or "ALLOC_FAILED" in text:
@@ -58,7 +72,7 @@ def classify(exc: BaseException, default: str) -> str:
 def describe(exc: BaseException, path: str) -> str:
     """``Type: message (candidate.py:LINE in FUNC)``, capped; the location is the deepest
     frame in the candidate's own file, which is where a task author would look."""
-    text = f"{type(exc).__name__}: {exc}"
+    text = exception_text(exc)
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
     if frames:
         last = frames[-1]

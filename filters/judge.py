@@ -240,7 +240,10 @@ def _count(value: Any) -> bool:
 def _number(value: Any) -> float:
     if type(value) not in (int, float):
         raise TypeError(f"{type(value).__name__} where a number belongs")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any float
+        raise TypeError("an integer too large for a number") from None
 
 
 def structure_mismatch(expected: Sequence[Output], got: Sequence[Output]) -> str:
@@ -310,9 +313,13 @@ def parse_ms(reply: dict[str, Any]) -> float:
     """The milliseconds a timed ``run`` reply claims for its forward; PeerFailure unless a
     finite number >= 0."""
     raw = reply.get("ms")
-    if type(raw) not in (int, float) or not 0.0 <= raw < math.inf:
+    try:
+        ms = _number(raw)
+    except TypeError:
+        ms = math.nan
+    if not 0.0 <= ms < math.inf:
         raise PeerFailure("protocol_violation", "run: ms is not a finite number >= 0")
-    return float(raw)
+    return ms
 
 
 def proof_mismatch(
@@ -397,9 +404,10 @@ def mean_answer(out: Output, atol: float, rtol: float) -> float | None:
 
 
 def _magnitudes_vary(out: Output, rtol: float) -> bool:
-    if out.abs_sum <= 0.0:
-        return False  # all zeros (or a report that says so)
-    excess = out.numel * out.square_sum / (out.abs_sum * out.abs_sum) - 1.0
+    squared = out.abs_sum * out.abs_sum
+    if not squared > 0.0:
+        return False  # all zeros (or a report that says so, or one too small to square)
+    excess = out.numel * out.square_sum / squared - 1.0
     return excess > rtol * rtol + CHECKSUM_SLACK
 
 

@@ -22,6 +22,9 @@ from opsynth.filters.pool_types import Ticket, WorkerProcess
 from opsynth.filters.pool_workers import exit_detail
 from opsynth.record import Verdict
 
+# Above the kernel's largest pid_max (2^22): a "pid" beyond it names no process.
+MAX_PID = 1 << 22
+
 # Largest protocol line accepted from a worker (a verdict row is a few KB). Above the child's
 # limit (filters.childio.MAX_CHILD_LINE_BYTES): a worker's line relays what its child
 # reported, with the verdict rows around it.
@@ -79,7 +82,7 @@ class WorkerEvents:
             line, _, rest = bytes(worker.buffer).partition(b"\n")
             worker.buffer[:] = rest
             try:
-                event = json.loads(line)
+                event = protocol.decode_line(line)
             except ValueError:
                 detail = f"worker sent a malformed line: {line[:200]!r}"
                 self._lost(worker, "protocol_violation", detail)
@@ -200,8 +203,9 @@ def event_problem(worker: WorkerProcess, event: dict[str, Any]) -> str:
     expected = worker.stages[done] if done < len(worker.stages) else None
     if kind == "verdict":
         return protocol.row_problem(event.get("verdict"), expected, worker.harness)
-    if kind == "started" and not isinstance(event.get("pid"), int):
-        return "'started' without an integer pid"
+    pid = event.get("pid")
+    if kind == "started" and not (type(pid) is int and 0 < pid < MAX_PID):
+        return "'started' without a process id"
     if kind == "stage" and event.get("stage") not in worker.stages:
         return f"unknown stage {event.get('stage')!r}"
     if kind == "result":

@@ -10,7 +10,9 @@ Standard library only: the sandboxed worker imports this module.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 from opsynth.filters import harness as harnesses
@@ -24,6 +26,30 @@ MAX_DEPTH = 6  # nesting of lists/objects inside one measure
 # Values in all measures of one row together. Generous: a task returning a tuple of a thousand
 # tensors reports a shape per output; the line-length cap bounds a row's size anyway.
 MAX_ITEMS = 250_000
+INT64 = 1 << 63
+
+
+# A JSON escape of a UTF-16 surrogate: decoded alone it is a string no UTF-8 store can write.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def decode_line(line: bytes) -> Any:
+    """One JSON line from a sandboxed process, its strings made writable: a lone surrogate
+    (``"\\ud800"``, which an exception's message can carry) becomes its escape text instead
+    of a string that fails the parquet writer long after the line was accepted. Raises
+    ``ValueError`` for a line that is not JSON."""
+    value = json.loads(line)
+    return _writable(value) if _SURROGATE_ESCAPE.search(line) else value
+
+
+def _writable(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list):
+        return [_writable(item) for item in value]
+    if isinstance(value, dict):
+        return {_writable(key): _writable(item) for key, item in value.items()}
+    return value
 
 
 def row_problem(
@@ -95,8 +121,12 @@ def _plain_value(value: Any, depth: int, budget: list[int]) -> bool:
 
 
 def _finite_number(value: Any) -> bool:
+    """A float that is finite, or an integer a 64-bit column holds (a larger one is no
+    measure: ``math.isfinite`` itself raises on it)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
+    if isinstance(value, int):
+        return -INT64 <= value < INT64
     return math.isfinite(value)
 
 

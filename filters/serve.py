@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from opsynth.filters.failures import exception_text
 from opsynth.filters.judge import CHECKSUMS, MAX_OUTPUTS, SAMPLE_POSITIONS
 
 Emit = Callable[[dict[str, Any]], None]
@@ -64,7 +65,7 @@ def serve(
         except Refusal as refusal:
             emit({"re": op, "error": refusal.reason, "detail": refusal.detail[:2000]})
         except BaseException as exc:  # the candidate's code may raise anything
-            emit({"re": op, "error": classify(exc), "detail": f"{type(exc).__name__}: {exc}"})
+            emit({"re": op, "error": classify(exc), "detail": exception_text(exc)})
 
 
 class Runner:

@@ -5,14 +5,20 @@ It rejects sources that cannot be a KernelBench task (no parse, missing ``Model`
 task never needs (files, processes, sockets, introspection escapes). It never executes the
 code. It judges names by what they resolve to in the AST (import aliases, attribute chains,
 bindings), not by text: ``torch.os``, ``getattr`` with a computed name, a parameter that
-shadows ``open`` are all refused. What slips past it is still contained by the sandbox, which
-is the real defence; this check exists so that the obvious cases are cheap, explainable
-rejections instead of sandbox kills.
+shadows ``open`` are all refused. A name resolves only while it is spelled out, so a module,
+or ``getattr``, may not be used as a value (``T = torch``, ``g = getattr``, ``f(torch)``):
+through an alias, ``T._C`` would be a name the check cannot read. Whether a dotted name is a
+module is looked up in the installed library, never in the candidate's code. What slips past
+it is still contained by the sandbox, which is the real defence; this check exists so that
+the obvious cases are cheap, explainable rejections instead of sandbox kills.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import sys
+import types
 from collections.abc import Iterator
 
 from opsynth.record import Task
@@ -144,6 +150,9 @@ FORBIDDEN_ATTRIBUTES = frozenset(
     }
 )
 ATTRIBUTE_BUILTINS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
+# Of those, the ones that reach an attribute: as a value (``g = getattr``, ``reduce(getattr,
+# ...)``) their attribute names are out of the check's sight.
+REACHING_BUILTINS = frozenset({"getattr", "setattr", "delattr"})
 
 
 class StaticCheck:
@@ -205,7 +214,7 @@ def check_source(
         problem = _node_problem(node, aliases, bound, permitted)
         if problem is not None:
             return problem
-    return KEEP
+    return _value_problem(tree, aliases, bound) or KEEP
 
 
 def _import_problem(
@@ -219,6 +228,9 @@ def _import_problem(
     else:
         module = ""
         full_names = [alias.name for alias in node.names]
+    for alias in node.names if isinstance(node, ast.ImportFrom) else ():
+        if alias.name in FORBIDDEN_MODULE_ATTRIBUTES:  # ``from torch import sys``
+            return drop("forbidden_import", f"line {node.lineno}: import of {alias.name!r}")
     for full in full_names or [module]:
         root = full.split(".")[0]
         if root not in allowed:
@@ -289,6 +301,64 @@ def _attribute_builtin_problem(
     if base and _forbidden_dotted(f"{base}.{attr}"):
         return drop("forbidden_call", f"line {line}: {func}({base}, {attr!r})")
     return None
+
+
+def _value_problem(tree: ast.Module, aliases: dict[str, str], bound: set[str]) -> Decision | None:
+    """The first module, or attribute-reaching builtin, used as a value rather than read
+    through an attribute, a call or a checked ``getattr`` (see the module docstring)."""
+    reached: set[int] = set()  # ``x`` of ``x.attr``, ``x(...)`` and ``getattr(x, ...)``
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            reached.add(id(node.value))
+        elif isinstance(node, ast.Call):
+            reached.add(id(node.func))
+            if isinstance(node.func, ast.Name) and node.func.id in ATTRIBUTE_BUILTINS:
+                reached.update(id(arg) for arg in node.args[:1])
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", "?")
+        loaded = isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Load)
+        if loaded and id(node) not in reached:
+            if isinstance(node, ast.Name) and node.id in REACHING_BUILTINS - bound:
+                return drop("forbidden_call", f"line {line}: {node.id} as a value")
+            dotted = dotted_name(node, aliases)
+            if dotted and _is_module(dotted):
+                return drop("forbidden_call", f"line {line}: module {dotted} as a value")
+        reached_module = _getattr_module(node, aliases)
+        if reached_module:
+            return drop("forbidden_call", f"line {line}: getattr of module {reached_module}")
+    return None
+
+
+def _getattr_module(node: ast.AST, aliases: dict[str, str]) -> str:
+    """``a.b`` when ``node`` is ``getattr(a, "b")`` and that is a module, else ""."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        return ""
+    if node.func.id != "getattr" or len(node.args) < 2:
+        return ""
+    base, attr = dotted_name(node.args[0], aliases), node.args[1]
+    if not (base and isinstance(attr, ast.Constant) and isinstance(attr.value, str)):
+        return ""
+    dotted = f"{base}.{attr.value}"
+    return dotted if _is_module(dotted) else ""
+
+
+def _is_module(dotted: str) -> bool:
+    """Whether ``dotted`` names a module of the installed libraries (an attribute that is one,
+    or a submodule); a name that does not resolve is not one."""
+    parts = dotted.split(".")
+    try:
+        value: object = sys.modules.get(parts[0]) or importlib.import_module(parts[0])
+    except Exception:  # not installed here (the solution's own extension)
+        return False
+    for i, part in enumerate(parts[1:], start=2):
+        try:
+            value = getattr(value, part)
+        except Exception:
+            try:
+                value = importlib.import_module(".".join(parts[:i]))
+            except Exception:
+                return False
+    return isinstance(value, types.ModuleType)
 
 
 def _forbidden_dotted(dotted: str) -> bool:

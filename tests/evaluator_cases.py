@@ -198,6 +198,41 @@ HACKS: dict[str, tuple[Solution, str]] = {
         ),
         "hack_indirect_name",
     ),
+    # torch through an alias, where the static check cannot read ``T._C``: the guard's off
+    # switch, and the task's own Model (sys.modules) behind it
+    "torch_alias": (
+        Solution(
+            "torch_alias",
+            model_new(
+                "with T._C.DisableTorchFunction():\n"
+                "            return torch.relu(x) * self.scale + x",
+                header="T = torch\n",
+            ),
+        ),
+        "forbidden_call",
+    ),
+    "getattr_alias": (
+        Solution(
+            "getattr_alias",
+            model_new(
+                "return g(torch, 's' + 'ys').modules['opsynth_task'].Model(self.scale)(x)",
+                header="g = getattr\n",
+            ),
+        ),
+        "forbidden_call",
+    ),
+    # TorchScript runs its ops from C++, where the torch function mode never sees them
+    "jit_script": (
+        Solution(
+            "jit_script",
+            model_new(
+                "return fused(x, self.scale)",
+                header="\n\n@torch.jit.script\ndef fused(x: torch.Tensor, s: float) -> "
+                "torch.Tensor:\n    return torch.relu(x) * s + x\n",
+            ),
+        ),
+        "hack_torch_compiler",
+    ),
     "dlsym_lookup": (
         Solution(
             "dlsym_lookup",
@@ -254,6 +289,23 @@ RUNTIME_HACKS: dict[str, tuple[Solution, str]] = {
     ),
     "wrong_dtype": (
         Solution("wrong_dtype", model_new("return (torch.relu(x) * self.scale + x).double()")),
+        "incorrect",
+    ),
+    # failures whose text is hostile: a message no UTF-8 store can write as it is, and one
+    # that raises when read
+    "unwritable_message": (
+        Solution("unwritable_message", model_new("raise ValueError('bad \\ud800 end')")),
+        "incorrect",
+    ),
+    "unprintable_exception": (
+        Solution(
+            "unprintable_exception",
+            model_new(
+                "raise Unprintable()",
+                header="\n\nclass Unprintable(Exception):\n"
+                "    def __str__(self):\n        raise self\n",
+            ),
+        ),
         "incorrect",
     ),
 }

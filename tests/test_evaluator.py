@@ -12,6 +12,7 @@ from opsynth.evaluator.reward import Score, explain_flags, flags_for, metrics, r
 from opsynth.evaluator.score import score_pairs
 from opsynth.evaluator.solution import SolutionError, load_solution
 from opsynth.evaluator.tasks import reference_solution
+from opsynth.store import read_verdicts, write_verdicts
 from tests.evaluator_cases import HACKS, HONEST, REFERENCE, RUNTIME_HACKS, task
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-compile"
@@ -113,11 +114,18 @@ def test_honest_extension_and_every_hack_in_one_sandboxed_batch(cpu_pool) -> Non
         assert (score.reward, score.reason) == (-1, reason), (name, score.detail)
 
 
-def test_runtime_guards_catch_what_static_checks_allow(cpu_pool) -> None:
+def test_runtime_guards_catch_what_static_checks_allow(cpu_pool, tmp_path: Path) -> None:
     pairs = [(task(), s) for s, _ in RUNTIME_HACKS.values()]
-    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu", pool=cpu_pool)
+    scores, verdicts = score_pairs(
+        pairs, EvalConfig(strict=False), filters_cfg(), "cpu", pool=cpu_pool
+    )
     for score, (name, (_, reason)) in zip(scores, RUNTIME_HACKS.items(), strict=True):
         assert (score.reward, score.reason) == (-1, reason), (name, score.detail)
+    by_name = {s.solution: s for s in scores}
+    assert "\\ud800" in by_name["unwritable_message"].detail
+    assert "cannot be shown" in by_name["unprintable_exception"].detail
+    write_verdicts(verdicts, tmp_path / "verdicts.parquet")  # every text is writable
+    assert len(read_verdicts(tmp_path / "verdicts.parquet")) == len(verdicts)
 
 
 # Kernel names as the profiler reports them (demangled), one of each kind.

@@ -105,6 +105,10 @@ def test_missing_symbol(symbol: str) -> None:
         "from torch.serialization import load",
         "from torch._C import DisableTorchFunction",
         "import torch.library",
+        # a module another module re-exports, imported by name
+        "from torch import sys",
+        "from typing import sys",
+        "from torch import os as o",
     ],
 )
 def test_forbidden_import(header: str) -> None:
@@ -176,6 +180,15 @@ def test_transformers_only_for_transformers_tasks() -> None:
         ("with torch._C.DisableTorchFunction():\n            return x", ""),
         ("return torch.library.Library('aten', 'IMPL')", ""),
         ("return torch.overrides.TorchFunctionMode", ""),
+        # a module or getattr as a value: through the alias, names the check cannot read
+        ("with T._C.DisableTorchFunction():\n            return x", "T = torch"),
+        ("return N.functional.relu(x)", "N = torch.nn"),
+        ("return self.m._C", "class Holder:\n    m = [torch][0]"),
+        ("return (lambda: torch)()._C", ""),
+        ("return helper()", "def helper(m=torch):\n    return m._C"),
+        ("return g(torch, 's' + 'ys')", "g = getattr"),
+        ("return functools.reduce(getattr, ['s' + 'ys'], torch)", "import functools"),
+        ("return getattr(torch, 'nn')", ""),
         # a binding that shadows a forbidden builtin would hide it from the check
         ("return x", "def helper(open=open):\n    return open"),
         ("return x", "compile = None"),
@@ -202,6 +215,12 @@ def test_forbidden_call(forward: str, header: str) -> None:
         "return x if hasattr(self, self.__class__.__name__) else x",
         "input = x * 2\n        return input",
         "return torch.nn.functional.dropout(x, training=False)",
+        # names that resolve to no module: a dtype, a class, a function, a constant
+        "return x.to(torch.float32) * math.pi",
+        "return x if isinstance(self, torch.nn.Module) else F.relu(x)",
+        "return torch.stack([F.relu(x), F.gelu(x)]).sum(0)",
+        "f = F.relu\n        return f(x)",
+        "return x.to(getattr(torch, 'float16'))",
     ],
 )
 def test_ordinary_code_is_not_rejected(forward: str) -> None:

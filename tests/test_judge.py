@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import threading
 from typing import Any
@@ -131,14 +132,30 @@ def test_the_mean_answers_an_output_only_where_allclose_holds_everywhere() -> No
         lambda o: {**o, "shape": [-1, 4]},
         lambda o: {**o, "checksums": ["0"] * j.CHECKSUMS},
         lambda o: [o],
+        lambda o: {**o, "abs_sum": 10**400},
+        lambda o: {**o, "values": [10**400] * len(o["values"])},
     ],
-    ids=["short", "bools", "dtype", "shape", "checksum_text", "nested"],
+    ids=["short", "bools", "dtype", "shape", "checksum_text", "nested", "huge_sum", "huge_values"],
 )
 def test_a_malformed_sample_is_a_protocol_violation(change: Any) -> None:
     raw = sample_tensor(torch.randn(4, 4), 1)
     with pytest.raises(j.PeerFailure) as failure:
         j.parse_sample({"outputs": [change(raw)]})
     assert failure.value.reason == "protocol_violation"
+
+
+def test_numbers_no_float_holds_are_violations_not_errors() -> None:
+    """A forged claim is the child's ``protocol_violation``; an exception here would be the
+    judge's own ``filter_error``."""
+    for ms in (10**400, -1, math.nan, "1.0", True):
+        with pytest.raises(j.PeerFailure) as failure:
+            j.parse_ms({"ms": ms})
+        assert failure.value.reason == "protocol_violation"
+    with pytest.raises(j.PeerFailure):
+        j.parse_proof({"proof": [10**400]})
+    raw = sample_tensor(torch.ones(64), 1)
+    tiny = j.parse_sample({"outputs": [{**raw, "abs_sum": 1e-200, "square_sum": 64.0}]})
+    assert j.constant(tiny, 1e-3)[0] == 0  # its square underflows: no division by zero
 
 
 # ------------------------------------------------------------------------------ the channel

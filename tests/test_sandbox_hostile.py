@@ -195,6 +195,30 @@ def forgeries() -> list[Hostile]:
             stage="verify",
         ),
         Hostile(
+            # an exception whose message raises when read: the candidate's failure, not the
+            # harness's (it was filter_error)
+            "unprintable_exception_in_init",
+            t(
+                "return x * 2.0",
+                init="raise Unprintable()",
+                header="\n\nclass Unprintable(Exception):\n"
+                "    def __str__(self):\n        raise self\n",
+            ),
+            "init_error",
+        ),
+        Hostile(
+            # an input no float, JSON or 64-bit column holds, described in the eager row
+            # (it crashed the worker: worker_lost)
+            "integer_input_beyond_every_number",
+            t(
+                "return torch.zeros_like(x)",
+                signature="x, n",
+                inputs="[torch.randn(64, 64), 10**5000]",
+            ),
+            "constant_output",
+            stage="degenerate",
+        ),
+        Hostile(
             "forged_rows_for_every_stage",
             t("return torch.zeros_like(x)", header=FORGE_ROWS),
             "protocol_violation",
