@@ -85,6 +85,8 @@ class Settings:
     # Whether compile times the compiled forward; off where verify times it
     # (``filters.timing_in_verify``).
     time_compiled: bool = True
+    # Whether an output equal to an input tensor is a trivial answer (``filters.input_as_answer``).
+    input_as_answer: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Settings:
@@ -444,6 +446,20 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
                 f"rtol={c.s.compile_rtol}) against the real output",
                 output=k,
                 max_abs=max_abs,
+            )
+
+    if c.s.input_as_answer:
+        with c.gpu_shared():
+            atol, rtol = c.s.compile_atol, c.s.compile_rtol
+            handed_back = compare.input_answer(c.outputs, c.inputs, atol=atol, rtol=rtol)
+        if handed_back is not None:
+            k, i = handed_back
+            raise Fail(
+                "trivial_answer",
+                f"output {k}: input tensor {i} itself passes allclose(atol={atol}, "
+                f"rtol={rtol}) against the real output",
+                output=k,
+                input=i,
             )
 
     draws = [c.inputs] + [c.draw(i) for i in range(1, c.s.input_draws)]

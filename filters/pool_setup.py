@@ -13,6 +13,7 @@ from typing import Any
 from opsynth.config import FiltersConfig
 from opsynth.filters import privilege, reasons, sandbox
 from opsynth.filters.verify import (
+    INPUT_AS_ANSWER,
     TIMED_SAMPLE_POSITIONS,
     TIMING_IN_VERIFY,
     VERIFY_EVERY_DEGENERATE_CHECK,
@@ -153,5 +154,6 @@ def check_settings(
         **({} if cfg.judge else {"stages": list(reasons.STAGES)}),
         **(TIMED_IN_VERIFY if cfg.judge and cfg.timing_in_verify else {}),
         VERIFY_EVERY_DEGENERATE_CHECK: cfg.judge_every_degenerate_fact,
+        INPUT_AS_ANSWER: cfg.input_as_answer,
         TIMED_SAMPLE_POSITIONS: cfg.timed_sample_positions,
     }

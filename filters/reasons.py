@@ -36,7 +36,7 @@ RANDOMNESS: dict[str, str] = {
 
 DEGENERATE: dict[str, str] = {
     "constant_output": "an output is constant across its elements (up to float noise)",
-    "trivial_answer": "zeros or the output's mean passes the evaluator's allclose",
+    "trivial_answer": "zeros, the output's mean or an input tensor passes the evaluator's allclose",
     "indistinguishable": "independent input draws give outputs within distinct_rtol",
     "input_ignored": "changing one input tensor does not change the output",
 }

@@ -482,6 +482,14 @@ class FiltersConfig(_Section):
         "mean as a trivial answer), so no degenerate verdict rests on the candidate's process; "
         "false = what runs did before (v1.0.0's config pins it)",
     )
+    input_as_answer: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="an output equal to one of the task's input tensors (same shape and "
+        "dtype, within compile_atol/rtol) is trivial_answer: a kernel that hands back its "
+        "input passes the evaluator; checked in the candidate's degenerate stage and again in "
+        "verify. false = not checked, as runs did before (v1.0.0's config pins it)",
+    )
     timing_in_verify: bool = Field(
         json_schema_extra=added_with(False),
         default=True,

@@ -25,12 +25,18 @@ def test_release_config_asks_for_ops6k() -> None:
 
 def test_recheck_config_differs_from_the_run_only_where_it_says() -> None:
     """The re-check filters as the run did but for today's filters (``verify`` decides every
-    degenerate fact and the runtime window, with a small sample after each timed run) and the
+    degenerate fact and the runtime window, with a small sample after each timed run; an input
+    handed back is a trivial answer) and the
     runtime window widened by the share ``verify`` allows."""
     run = load_config(RELEASE / "config.toml").filters.model_dump()
     recheck = load_config(RELEASE / "recheck.toml").filters.model_dump()
     changed = {k for k in run if run[k] != recheck[k]}
-    today = {"judge_every_degenerate_fact", "timing_in_verify", "timed_sample_positions"}
+    today = {
+        "judge_every_degenerate_fact",
+        "timing_in_verify",
+        "timed_sample_positions",
+        "input_as_answer",
+    }
     assert changed == {*today, "window_ms_cuda"}
     defaults = FiltersConfig().model_dump()
     for name in today:

@@ -195,6 +195,22 @@ def forgeries() -> list[Hostile]:
             stage="verify",
         ),
         Hostile(
+            # its input handed back (a copy): a kernel that returns its input would pass
+            "hands_back_its_input",
+            t("return x.clone()"),
+            "trivial_answer",
+            stage="degenerate",
+        ),
+        Hostile(
+            "hands_back_its_input_behind_patched_checks",
+            t(
+                "return x.clone()",
+                header=PATCH_CHECKS + "compare.input_answer = lambda *a, **k: None\n",
+            ),
+            "trivial_answer",
+            stage="verify",
+        ),
+        Hostile(
             # an exception whose message raises when read: the candidate's failure, not the
             # harness's (it was filter_error)
             "unprintable_exception_in_init",
