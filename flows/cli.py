@@ -197,9 +197,12 @@ LINE_EVERY_S = 10.0
 
 
 def _starting(what: str, run_dir: RunDir, device: str) -> None:
-    """The first line a long command prints, before Prefect's server starts."""
+    """The first line a long command prints, before Prefect's server starts: one line
+    whatever the path's length (``soft_wrap``: a log holds it whole, a terminal wraps it)."""
     console.print(
-        f"{what} -> {run_dir.root} on {device}: starting Prefect's local server", highlight=False
+        f"{what} -> {run_dir.root} on {device}: starting Prefect's local server",
+        highlight=False,
+        soft_wrap=True,
     )
 
 
