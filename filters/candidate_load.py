@@ -50,6 +50,42 @@ def draw_inputs(get_inputs: Any, device: torch.device, seed: int) -> Any:
         return get_inputs()
 
 
+def input_tensors(inputs: Any, nested: bool) -> list[torch.Tensor]:
+    """The input tensors the checks vary, compare and sample: the top-level ones, or with
+    ``nested`` also those inside list and tuple inputs (``[x, [y, z]]``), depth first, so a
+    tensor handed over in a list is not out of the checks' sight."""
+    found: list[torch.Tensor] = []
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif nested and isinstance(value, list | tuple):
+            found.extend(input_tensors(value, nested))
+    return found
+
+
+def with_input_tensor(inputs: Any, k: int, tensor: torch.Tensor, nested: bool) -> Any:
+    """``inputs`` with the ``k``-th of ``input_tensors(inputs, nested)`` replaced by
+    ``tensor``, containers rebuilt as they were; IndexError when there is no such tensor."""
+    left = [k]
+
+    def rebuilt(values: Any) -> Any:
+        out = []
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                out.append(tensor if left[0] == 0 else value)
+                left[0] -= 1
+            elif nested and isinstance(value, list | tuple):
+                out.append(type(value)(rebuilt(value)))
+            else:
+                out.append(value)
+        return out
+
+    replaced = rebuilt(inputs)
+    if left[0] >= 0:
+        raise IndexError(f"no input tensor {k}")
+    return replaced
+
+
 def seed_all(seed: int, host_only: bool = False) -> None:
     random.seed(seed)
     if host_only:

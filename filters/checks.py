@@ -28,9 +28,11 @@ from opsynth.filters import compare
 from opsynth.filters.candidate_load import (
     CANDIDATE_MODULE,
     draw_inputs,
+    input_tensors,
     load_module,
     seed_all,
     to_device,
+    with_input_tensor,
 )
 from opsynth.filters.device_init import cpu_name, device_init_for
 from opsynth.filters.failures import DETAIL_LIMIT, Fail, classify, describe
@@ -87,6 +89,8 @@ class Settings:
     time_compiled: bool = True
     # Whether an output equal to an input tensor is a trivial answer (``filters.input_as_answer``).
     input_as_answer: bool = False
+    # Whether tensors inside list inputs are checked as inputs (``filters.nested_inputs``).
+    nested_inputs: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Settings:
@@ -209,7 +213,8 @@ def served(c: Candidate) -> tuple[dict[str, Any], Callable[[BaseException], str]
         return lambda xs, rng: c.forward(xs, rng, fn=fn)  # timed runs: no seeding (rng None)
 
     forwards = {"eager": forward(None), "compiled": forward(c.compiled)}
-    runner = Runner(c.device, c.draw_from, forwards, c.gpu_lock if c.lock_dir else None)
+    lock = c.gpu_lock if c.lock_dir else None
+    runner = Runner(c.device, c.draw_from, forwards, lock, nested=c.s.nested_inputs)
     return runner.handlers(), lambda exc: classify(exc, "forward_error")
 
 
@@ -340,7 +345,7 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
 
     # clones and checks run on the GPU as well: shared, so no timer overlaps them
     with c.gpu_shared():
-        before = [x.clone() if isinstance(x, torch.Tensor) else None for x in c.inputs]
+        before = [x.clone() if isinstance(x, torch.Tensor) else None for x in _inputs(c)]
         start = time.perf_counter()
         try:
             outputs = c.forward(c.inputs)
@@ -361,7 +366,7 @@ def stage_eager(c: Candidate) -> dict[str, Any]:
                 raise Fail("nonfinite_output", f"output {k} contains NaN or Inf", output=k)
         mutated = [
             k
-            for k, (x, old) in enumerate(zip(c.inputs, before, strict=True))
+            for k, (x, old) in enumerate(zip(_inputs(c), before, strict=True))
             if old is not None and not compare.same_value(x, old)
         ]
         if mutated:
@@ -480,15 +485,13 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
     del outputs
 
     influence: dict[str, float] = {}
-    for k, (x, other) in enumerate(zip(c.inputs, draws[1], strict=False)):
+    for k, (x, other) in enumerate(zip(_inputs(c), _inputs(c, draws[1]), strict=False)):
         if not (isinstance(x, torch.Tensor) and isinstance(other, torch.Tensor)):
             continue
         with c.gpu_shared():
             if x.shape != other.shape or compare.same_value(x, other):
                 continue  # a deterministic input cannot be varied without knowing its meaning
-            mixed = list(c.inputs)
-            mixed[k] = other
-            d = compare.rel_diff(c.outputs, c.forward(mixed))
+            d = compare.rel_diff(c.outputs, c.forward(_with_input(c, k, other)))
         influence[str(k)] = d
         if d <= rtol:
             raise Fail(
@@ -501,6 +504,21 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
         "min_pairwise_rel_diff": min(pairwise) if pairwise else None,
         "input_influence": influence,
     }
+
+
+def _inputs(c: Candidate, draw: list[Any] | None = None) -> list[Any]:
+    """The inputs the checks vary and compare, numbered as their rows name them: every input
+    in order, or with ``filters.nested_inputs`` the input tensors, those inside list and tuple
+    inputs included (``candidate_load.input_tensors``)."""
+    inputs = c.inputs if draw is None else draw
+    return input_tensors(inputs, True) if c.s.nested_inputs else list(inputs)
+
+
+def _with_input(c: Candidate, k: int, value: torch.Tensor) -> list[Any]:
+    """``c.inputs`` with its ``k``-th input (as ``_inputs`` numbers them) replaced."""
+    if c.s.nested_inputs:
+        return with_input_tensor(c.inputs, k, value, True)
+    return [value if i == k else x for i, x in enumerate(c.inputs)]
 
 
 def stage_runtime(c: Candidate) -> dict[str, Any]:

@@ -68,13 +68,22 @@ def input_answer(
     outputs: list[torch.Tensor], inputs: list[Any], *, atol: float, rtol: float
 ) -> tuple[int, int] | None:
     """(output, input) of the first output that passes allclose against an input tensor of
-    its shape and dtype (the input handed back, or a copy), else None."""
+    its shape and dtype (the input handed back, or a copy), else None. Self-contained: a
+    candidate that patches ``all_close`` to pass its other checks is not taken for one."""
     for k, out in enumerate(outputs):
         for i, x in enumerate(t for t in inputs if isinstance(t, torch.Tensor)):
-            alike = x.shape == out.shape and x.dtype == out.dtype
-            if alike and all_close([out], [x], atol=atol, rtol=rtol):
+            if x.shape != out.shape or x.dtype != out.dtype:
+                continue
+            a, b = _as_real(out), _as_real(x)
+            if torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True):
                 return k, i
     return None
+
+
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    """``real_view``'s conversion, kept apart from it (see ``input_answer``)."""
+    t = torch.view_as_real(t) if t.is_complex() else t
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
 def trivial_answer(t: torch.Tensor, *, atol: float, rtol: float) -> str:

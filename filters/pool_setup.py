@@ -155,5 +155,6 @@ def check_settings(
         **(TIMED_IN_VERIFY if cfg.judge and cfg.timing_in_verify else {}),
         VERIFY_EVERY_DEGENERATE_CHECK: cfg.judge_every_degenerate_fact,
         INPUT_AS_ANSWER: cfg.input_as_answer,
+        "nested_inputs": cfg.nested_inputs,
         TIMED_SAMPLE_POSITIONS: cfg.timed_sample_positions,
     }

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from opsynth.filters.candidate_load import input_tensors, with_input_tensor
 from opsynth.filters.failures import exception_text
 from opsynth.filters.judge import CHECKSUMS, MAX_OUTPUTS, SAMPLE_POSITIONS
 
@@ -81,8 +82,10 @@ class Runner:
         get_inputs: Callable[[int], list[Any]],
         forwards: dict[str, Callable[[list[Any], int | None], list[torch.Tensor]]],
         lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+        nested: bool = False,
     ) -> None:
         self.device = device
+        self.nested = nested  # input tensors inside list inputs count (``input_tensors``)
         self.get_inputs = get_inputs
         self.forwards = forwards
         self.lock = lock
@@ -113,12 +116,11 @@ class Runner:
         inputs = self.get_inputs(int(request["seed"]))
         replace = request.get("replace")
         if replace is not None:
-            positions = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
             k = int(replace["input"])
-            if not 0 <= k < len(positions):
+            others = input_tensors(self.get_inputs(int(replace["seed"])), self.nested)
+            if not 0 <= k < min(len(others), len(input_tensors(inputs, self.nested))):
                 raise Refusal("bad_output", f"no input tensor {k} to replace")
-            inputs = list(inputs)
-            inputs[positions[k]] = self.get_inputs(int(replace["seed"]))[positions[k]]
+            inputs = with_input_tensor(inputs, k, others[k], self.nested)
         self.inputs = inputs
         self.outputs = []
         self.sync()
@@ -150,7 +152,7 @@ class Runner:
     def sample(self, request: dict[str, Any]) -> dict[str, Any]:
         tensors = self.outputs
         if request.get("of") == "inputs":
-            tensors = [x for x in self.inputs if isinstance(x, torch.Tensor)]
+            tensors = input_tensors(self.inputs, self.nested)
         if not tensors:
             raise Refusal("bad_output", "nothing to sample")
         if len(tensors) > MAX_OUTPUTS:

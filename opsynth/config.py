@@ -490,6 +490,14 @@ class FiltersConfig(_Section):
         "input passes the evaluator; checked in the candidate's degenerate stage and again in "
         "verify. false = not checked, as runs did before (v1.0.0's config pins it)",
     )
+    nested_inputs: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="tensors inside list or tuple inputs (get_inputs() returning [x, [y, z]]) "
+        "are inputs to the checks: each must move the output (input_ignored) and stay "
+        "unwritten (input_mutated), in the candidate's stages and in verify; false = only "
+        "top-level tensors count, as runs did before (v1.0.0's config pins it)",
+    )
     timing_in_verify: bool = Field(
         json_schema_extra=added_with(False),
         default=True,

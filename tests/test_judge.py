@@ -589,3 +589,19 @@ def test_where_verify_times_an_understated_claim_is_too_slow_by_the_workers_cloc
     assert "compiled_ms_median" not in verdict.measures
     compile_row = next(v for v in rows if v.stage == "compile")
     assert "compiled_ms_median" not in compile_row.measures  # compile no longer times
+
+
+def test_nested_input_tensors_are_numbered_depth_first_and_replaced_in_their_container() -> None:
+    from opsynth.filters.candidate_load import input_tensors, with_input_tensor
+
+    a, b, c, new = (torch.full((2,), float(v)) for v in range(4))
+    inputs = [a, 3, [b, (c,)]]
+    assert [id(t) for t in input_tensors(inputs, False)] == [id(a)]
+    assert [id(t) for t in input_tensors(inputs, True)] == [id(a), id(b), id(c)]
+    replaced = with_input_tensor(inputs, 2, new, True)
+    assert replaced[0] is a and replaced[1] == 3 and replaced[2][0] is b
+    assert isinstance(replaced[2][1], tuple) and replaced[2][1][0] is new
+    flat = with_input_tensor(inputs, 0, new, False)
+    assert flat[0] is new and flat[2][0] is b and flat[2][1][0] is c  # not nested: left alone
+    with pytest.raises(IndexError):
+        with_input_tensor(inputs, 3, new, True)

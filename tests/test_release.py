@@ -36,6 +36,7 @@ def test_recheck_config_differs_from_the_run_only_where_it_says() -> None:
         "timing_in_verify",
         "timed_sample_positions",
         "input_as_answer",
+        "nested_inputs",
     }
     assert changed == {*today, "window_ms_cuda"}
     defaults = FiltersConfig().model_dump()

@@ -211,6 +211,37 @@ def forgeries() -> list[Hostile]:
             stage="verify",
         ),
         Hostile(
+            # tensors handed over inside a list input: one ignored, one written in place
+            "ignores_a_nested_input",
+            t(
+                "return torch.tanh(x @ x) * 2.0 + x",
+                signature="x, ys",
+                inputs="[torch.randn(64, 64), [torch.randn(64, 64)]]",
+            ),
+            "input_ignored",
+            stage="degenerate",
+        ),
+        Hostile(
+            "ignores_a_nested_input_behind_patched_checks",
+            t(
+                "return torch.tanh(x @ x) * 2.0 + x",
+                header=PATCH_CHECKS + "compare.rel_diff = lambda *a, **k: 1.0\n",
+                signature="x, ys",
+                inputs="[torch.randn(64, 64), [torch.randn(64, 64)]]",
+            ),
+            "input_ignored",
+            stage="verify",
+        ),
+        Hostile(
+            "mutates_a_nested_input",
+            t(
+                "ys[0].abs_()\n        return torch.sigmoid(x) * ys[0] + x.exp()",
+                signature="x, ys",
+                inputs="[torch.randn(64, 64), [torch.randn(64, 64)]]",
+            ),
+            "input_mutated",
+        ),
+        Hostile(
             # an exception whose message raises when read: the candidate's failure, not the
             # harness's (it was filter_error)
             "unprintable_exception_in_init",
