@@ -46,7 +46,8 @@ def serve_role(workdir: str, settings: dict[str, Any], emit: Any) -> Any:
     emit({"event": "done"})
     forwards: dict[str, Any] = {}
     lock = (lambda: _gpu(session, exclusive=True)) if session.cuda else None
-    runner = Runner(session.device, session.draw, forwards, lock)
+    # tensors inside list inputs are sampled too, so a solution writing one is seen
+    runner = Runner(session.device, session.draw, forwards, lock, nested=True)
     handlers = runner.handlers()
     if role == SOLUTION:
         forwards["new"] = lambda xs, rng: _flatten(session.run_new(xs), "ModelNew")

@@ -10,8 +10,9 @@ from opsynth.config import EvalConfig, FiltersConfig
 from opsynth.evaluator.guards import check_solution
 from opsynth.evaluator.reward import Score, explain_flags, flags_for, metrics, reward
 from opsynth.evaluator.score import score_pairs
-from opsynth.evaluator.solution import SolutionError, load_solution
+from opsynth.evaluator.solution import Solution, SolutionError, load_solution
 from opsynth.evaluator.tasks import reference_solution
+from opsynth.record import Task
 from opsynth.store import read_verdicts, write_verdicts
 from tests.evaluator_cases import HACKS, HONEST, REFERENCE, RUNTIME_HACKS, task
 
@@ -126,6 +127,41 @@ def test_runtime_guards_catch_what_static_checks_allow(cpu_pool, tmp_path: Path)
     assert "cannot be shown" in by_name["unprintable_exception"].detail
     write_verdicts(verdicts, tmp_path / "verdicts.parquet")  # every text is writable
     assert len(read_verdicts(tmp_path / "verdicts.parquet")) == len(verdicts)
+
+
+NESTED_TASK = """\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, ys):
+        return torch.relu(x) + ys[0]
+
+
+def get_inputs():
+    return [torch.randn(16, 16), [torch.randn(16, 16)]]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_solution_writing_a_tensor_inside_a_list_input_is_caught(cpu_pool) -> None:
+    """Its output is right (computed before the write), so only the inputs' sample after
+    the forward shows the write; the sample holds the tensors inside list inputs too."""
+    nested = Task(ops=["torch.relu"], data_source="torch#1", code=NESTED_TASK)
+    writes = NESTED_TASK.replace("class Model(", "class ModelNew(").replace(
+        "return torch.relu(x) + ys[0]",
+        "out = torch.relu(x) + ys[0]\n        ys[0].zero_()\n        return out",
+    )
+    pairs = [(nested, reference_solution(nested)), (nested, Solution("writes_ys", writes))]
+    scores, _ = score_pairs(pairs, EvalConfig(strict=False), filters_cfg(), "cpu", pool=cpu_pool)
+    assert [(s.reward, s.reason) for s in scores] == [(1, "ok"), (-1, "input_mutated")], scores
 
 
 # Kernel names as the profiler reports them (demangled), one of each kind.
