@@ -16,6 +16,7 @@ the obvious cases are cheap, explainable rejections instead of sandbox kills.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import sys
 import types
@@ -306,15 +307,16 @@ def _attribute_builtin_problem(
 def _value_problem(tree: ast.Module, aliases: dict[str, str], bound: set[str]) -> Decision | None:
     """The first module, or attribute-reaching builtin, used as a value rather than read
     through an attribute, a call or a checked ``getattr`` (see the module docstring)."""
+    nodes = list(ast.walk(tree))  # walked once, read twice
     reached: set[int] = set()  # ``x`` of ``x.attr``, ``x(...)`` and ``getattr(x, ...)``
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Attribute):
             reached.add(id(node.value))
         elif isinstance(node, ast.Call):
             reached.add(id(node.func))
             if isinstance(node.func, ast.Name) and node.func.id in ATTRIBUTE_BUILTINS:
                 reached.update(id(arg) for arg in node.args[:1])
-    for node in ast.walk(tree):
+    for node in nodes:
         line = getattr(node, "lineno", "?")
         loaded = isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Load)
         if loaded and id(node) not in reached:
@@ -342,9 +344,11 @@ def _getattr_module(node: ast.AST, aliases: dict[str, str]) -> str:
     return dotted if _is_module(dotted) else ""
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_module(dotted: str) -> bool:
     """Whether ``dotted`` names a module of the installed libraries (an attribute that is one,
-    or a submodule); a name that does not resolve is not one."""
+    or a submodule); a name that does not resolve is not one. Cached: the answer depends on
+    the installed libraries alone, and every task asks about the same few names."""
     parts = dotted.split(".")
     try:
         value: object = sys.modules.get(parts[0]) or importlib.import_module(parts[0])
