@@ -456,7 +456,8 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
     if c.s.input_as_answer:
         with c.gpu_shared():
             atol, rtol = c.s.compile_atol, c.s.compile_rtol
-            handed_back = compare.input_answer(c.outputs, c.inputs, atol=atol, rtol=rtol)
+            tensors = input_tensors(c.inputs, c.s.nested_inputs)
+            handed_back = compare.input_answer(c.outputs, tensors, atol=atol, rtol=rtol)
         if handed_back is not None:
             k, i = handed_back
             raise Fail(

@@ -393,6 +393,14 @@ class ComposeConfig(_Section):
         description="on the sample run, an output that all zeros or its mean match within this "
         "atol and rtol is refused (the evaluator's tolerance, filters.compile_atol)",
     )
+    refuse_input_answer: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="on the sample run, an output that one of the task's input tensors (of its "
+        "shape and dtype) matches within trivial_tolerance is refused, as the filters refuse it "
+        "(filters.input_as_answer): a lone clone or identity is no kernel to write; false = "
+        "what runs composed before (v1.0.0's config pins it)",
+    )
     max_rms: float = Field(
         default=1e4,
         gt=0,

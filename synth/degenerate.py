@@ -3,11 +3,11 @@
 No formula can know what each of the catalogue's operators does to its values, so the chain
 is run on CPU at a small batch, with the weights and input draws the task itself would use,
 and the outputs are put through the same tests the filters' degenerate stage applies later
-(``filters.checks.stage_degenerate``): not constant, not passed by zeros or the mean, different
-for different inputs, moved by every input. Two more refusals need the trace of each link: a
-link whose output equals its input is an identity on these values (relu of a softmax, a
-transpose that undoes the previous one), and values beyond ``compose.max_rms`` or not finite
-make eager-vs-kernel comparisons meaningless.
+(``filters.checks.stage_degenerate``): not constant, not passed by zeros, the mean or an input
+handed back, different for different inputs, moved by every input. Two more refusals need the
+trace of each link: a link whose output equals its input is an identity on these values (relu
+of a softmax, a transpose that undoes the previous one), and values beyond ``compose.max_rms``
+or not finite make eager-vs-kernel comparisons meaningless.
 """
 
 from __future__ import annotations
@@ -91,6 +91,24 @@ def _check_outputs(outputs: list[torch.Tensor], cfg: ComposeConfig) -> None:
             raise Degenerate("trivial", f"output {k} passes as its mean")
 
 
+def _check_input_answer(
+    outputs: list[torch.Tensor], draw: dict[str, Any], cfg: ComposeConfig
+) -> None:
+    """Refuse an output that an input tensor of its shape and dtype matches within
+    ``trivial_tolerance``: the task hands its input back (``filters.input_as_answer``)."""
+    tol = cfg.trivial_tolerance
+    for k, out in enumerate(outputs):
+        for name, value in draw.items():
+            for x in value if isinstance(value, list) else [value]:
+                if isinstance(x, torch.Tensor) and (x.shape, x.dtype) == (out.shape, out.dtype):
+                    _refuse_match(k, out, name, x, tol)
+
+
+def _refuse_match(k: int, out: torch.Tensor, name: str, x: torch.Tensor, tol: float) -> None:
+    if torch.allclose(_real(out), _real(x), atol=tol, rtol=tol, equal_nan=True):
+        raise Degenerate("trivial", f"output {k} is input {name} handed back")
+
+
 def _check_links(chain: Chain, trace: list[tuple[Any, Any]]) -> None:
     for link, (before, after) in zip(chain.links, trace, strict=True):
         if not isinstance(before, torch.Tensor) or not isinstance(after, torch.Tensor):
@@ -118,6 +136,8 @@ def check_sample(chain: Chain, cfg: ComposeConfig) -> None:
             trace: list[tuple[Any, Any]] = []
             first = tensors_in(execute(chain, callables, draws[0], trace))
             _check_outputs(first, cfg)
+            if cfg.refuse_input_answer:
+                _check_input_answer(first, draws[0], cfg)
             _check_links(chain, trace)
             fixed = weight_names(chain)
             draws[1].update({name: draws[0][name] for name in fixed})

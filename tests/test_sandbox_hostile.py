@@ -211,6 +211,18 @@ def forgeries() -> list[Hostile]:
             stage="verify",
         ),
         Hostile(
+            # a tensor inside a list input handed back: caught by the candidate's own stage,
+            # numbered as verify numbers it
+            "hands_back_a_nested_input",
+            t(
+                "return x * 2.0, ys[0].clone()",
+                signature="x, ys",
+                inputs="[torch.randn(64, 64), [torch.randn(64, 64)]]",
+            ),
+            "trivial_answer",
+            stage="degenerate",
+        ),
+        Hostile(
             # tensors handed over inside a list input: one ignored, one written in place
             "ignores_a_nested_input",
             t(

@@ -194,3 +194,14 @@ def test_the_sample_check_refuses_an_identity_link():
     with pytest.raises(Degenerate) as caught:
         check_sample(chain, ComposeConfig())
     assert caught.value.reason == "noop"
+
+
+def test_the_sample_check_refuses_an_input_handed_back_unless_pinned_off():
+    clone = CatalogSpec(
+        "torch", "torch.clone", "function", "torch.clone", args=(InputSpec("x", (2, 16)),)
+    )
+    chain = Chain((Link("c", clone, None, ("x",)),), batch=2, batch_dims={"x": (0,)})
+    with pytest.raises(Degenerate) as caught:
+        check_sample(chain, ComposeConfig())
+    assert caught.value.reason == "trivial" and "input x handed back" in str(caught.value)
+    check_sample(chain, ComposeConfig(refuse_input_answer=False))  # as v1.0.0 composed
