@@ -113,6 +113,9 @@ class Peer:
         self.deadline, self.tick = deadline, tick
         self.buffer = bytearray(pending)
         self.known = known  # the reason codes of the harness's rows (``Harness.known``)
+        # seconds spent waiting on each kind of request, by our clock: where a judged stage's
+        # time goes (the child's forwards, its samples, its input draws)
+        self.spent: dict[str, float] = {}
 
     def request(self, op: str, **fields: Any) -> tuple[dict[str, Any], float]:
         """Send one request; the reply and the seconds from sending to having it whole, by
@@ -127,6 +130,7 @@ class Peer:
             raise PeerFailure("exited", f"the process stopped taking requests ({exc})") from None
         line = self._line()
         seconds = time.perf_counter() - start
+        self.spent[op] = self.spent.get(op, 0.0) + seconds
         try:
             reply = json.loads(line)
         except ValueError:

@@ -148,6 +148,7 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     # where a candidate's verify time goes, by this process's clock: the checks before the
     # timed runs, the wait for the GPU to itself (other workers' timers), the timed runs
     measures["checks_s"] = round(time.perf_counter() - started, 4)
+    measures["requests_s"] = {op: round(spent, 4) for op, spent in sorted(peer.spent.items())}
     if s.get(TIMING_IN_VERIFY):
         return _timed_window(peer, s, overhead, measures)
     return _window(peer, s, overhead, measures)

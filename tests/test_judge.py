@@ -570,6 +570,10 @@ def test_a_task_that_replies_before_its_work_is_too_slow_by_the_workers_clock(ju
     measures = rows[-1].measures
     assert measures["timed_s"] >= 5 * 0.05 and measures["checks_s"] >= 0.05
     assert 0 <= measures["lock_wait_s"] < measures["timed_s"]
+    # and by kind of request before the timed runs: the deferred work lands in the samples
+    spent = measures["requests_s"]
+    assert {"ping", "draw", "run", "sample"} <= set(spent)
+    assert spent["sample"] >= 0.05 and sum(spent.values()) <= measures["checks_s"]
 
 
 def test_where_verify_times_a_clock_claiming_more_than_its_request_took_is_caught(judged):
