@@ -114,6 +114,8 @@ def summarise(run: Path) -> dict[str, Any]:
     per_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     final: dict[str, str] = {}
     sizing = {"seconds": 0.0, "probes": 0, "candidates": 0}
+    requests: dict[str, float] = defaultdict(float)  # verify's wait per kind of request
+    timed_verifies = 0
     for v in verdicts:
         if v.stage not in STAGES:
             continue
@@ -125,6 +127,11 @@ def summarise(run: Path) -> dict[str, Any]:
         entry["exclusive_s"] += measures.get("gpu_exclusive_s") or measures.get("timed_s") or 0
         if v.reason != "ok" or v.task_id not in final:
             final[v.task_id] = v.reason  # its first rejection, else ok
+        spent = measures.get("requests_s")
+        if v.stage == "verify" and isinstance(spent, dict):
+            timed_verifies += 1
+            for op, seconds in spent.items():
+                requests[op] += float(seconds)
         claim = measures.get("sizing")
         if v.stage == "eager" and isinstance(claim, dict):
             sizing["seconds"] += float(claim.get("seconds") or 0.0)
@@ -152,6 +159,9 @@ def summarise(run: Path) -> dict[str, Any]:
             "seconds": round(sizing["seconds"] / max(1, sizing["candidates"]), 3),
             "probes": round(sizing["probes"] / max(1, sizing["candidates"]), 2),
         },
+        "verify_requests_s": {
+            op: round(total / timed_verifies, 3) for op, total in sorted(requests.items())
+        },
         "final": final,
     }
 
@@ -176,6 +186,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                 **r["stages"].get(s, {"seconds": "-", "lock_wait_s": "-", "exclusive_s": "-"})
             ),
         )
+    row(
+        "verify's waits by request (s)",
+        lambda r: ", ".join(f"{op} {s}" for op, s in r.get("verify_requests_s", {}).items()),
+    )
     first = results[names[0]]["final"]
     row(
         f"final reasons differing from {names[0]}",

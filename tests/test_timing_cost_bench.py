@@ -45,7 +45,7 @@ def test_per_stage_means_lock_waits_and_differing_reasons(tmp_path: Path) -> Non
             verdict("t1", "compose", s=0.0),
             verdict("t1", "eager", s=2.0, gpu_lock_wait_s=0.5, sizing=sizing),
             verdict("t1", "runtime", s=1.0, gpu_lock_wait_s=0.25, gpu_exclusive_s=0.1),
-            verdict("t1", "verify", s=4.0, lock_wait_s=1.0, timed_s=0.2),
+            verdict("t1", "verify", s=4.0, lock_wait_s=1.0, timed_s=0.2, requests_s={"run": 0.5}),
             verdict("t2", "eager", s=4.0, gpu_lock_wait_s=1.5),
             verdict("t2", "runtime", second, s=3.0, gpu_lock_wait_s=0.75, gpu_exclusive_s=0.3),
         ]
@@ -61,6 +61,7 @@ def test_per_stage_means_lock_waits_and_differing_reasons(tmp_path: Path) -> Non
     verify = {"rows": 1, "seconds": 4.0, "lock_wait_s": 1.0, "exclusive_s": 0.2}
     assert a["stages"]["verify"] == verify
     assert a["sizing"] == {"seconds": 3.0, "probes": 2.0}
+    assert a["verify_requests_s"] == {"run": 0.5}
     assert a["final"] == {"t1": "ok", "t2": "ok"} and runs["b"]["final"]["t2"] == "too_fast"
     # a chunk stopped by --time-limit: its settled jobs are in its journal, not the parquet
     journal = tmp_path / "a" / "work" / "size_filter-k.journal.jsonl"
