@@ -1,0 +1,181 @@
+"""What one judged request costs a candidate's process while other processes share its GPU.
+
+Run by hand on a GPU host, e.g.
+
+    python -m benchmarks.request_latency --neighbours 0 7 15 --elements 67108864
+
+``filters.verify`` talks to a candidate's process in requests (``filters.serve``): ``draw``
+the inputs, ``run`` a forward, ``sample`` the outputs, each ending in a synchronisation. In a
+run, fifteen other candidates' processes use the same GPU from their own CUDA contexts. This
+times those requests the way serve makes them, in a process of their own, with N neighbour
+processes each running forwards and synchronising in a loop, and also a forward and its
+sample answered as one request (one synchronisation instead of two). Prints a markdown table:
+per neighbour count and request, the median and 90th percentile milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+from typing import Any
+
+REQUESTS = ("draw", "run", "sample", "run_and_sample")
+
+
+def forward(x: Any) -> Any:
+    """A memory-bound forward of a few elementwise steps, as most sized tasks are."""
+    import torch
+
+    y = torch.tanh(x) * 2.0 + x
+    return torch.sigmoid(y) * y.sin()
+
+
+def neighbour(elements: int, device: str, stop: Any, ready: Any) -> None:  # pragma: no cover
+    import torch
+
+    x = torch.randn(elements, device=device)
+    ready.release()
+    while not stop.is_set():
+        forward(x)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+
+def probe(elements: int, device: str, rounds: int, out: Any) -> None:  # pragma: no cover
+    import torch
+
+    from opsynth.filters.serve import sample_tensor
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    times: dict[str, list[float]] = {name: [] for name in REQUESTS}
+    generator = torch.Generator(device=device)
+    for k in range(rounds + 2):  # two rounds of warm-up, not recorded
+        steps = []
+        start = time.perf_counter()
+        generator.manual_seed(k)
+        x = torch.randn(elements, device=device, generator=generator)
+        sync()
+        steps.append(("draw", time.perf_counter()))
+        y = forward(x)
+        sync()
+        steps.append(("run", time.perf_counter()))
+        sample_tensor(y, k)
+        steps.append(("sample", time.perf_counter()))
+        before = time.perf_counter()
+        sample_tensor(forward(x), k)
+        merged = time.perf_counter() - before
+        if k < 2:
+            continue
+        for name, at in steps:
+            times[name].append((at - start) * 1e3)
+            start = at
+        times["run_and_sample"].append(merged * 1e3)
+        del x, y
+    out.put(times)
+
+
+def sample_parts(elements: int, device: str, rounds: int) -> dict[str, float]:
+    """Median milliseconds, alone on the device, of a sample's parts (``filters.serve``) on
+    one tensor: the sampled positions, the weights drawn for its checksums, the weighted sums
+    and the two magnitudes, against the forward it samples."""
+    import torch
+
+    from opsynth.filters.judge import CHECKSUMS, SAMPLE_POSITIONS
+    from opsynth.filters.serve import sample_tensor
+
+    f64 = torch.float64
+    x = torch.randn(elements, device=device)
+    y = forward(x)
+    generator = torch.Generator(device=device)
+    parts: dict[str, Any] = {
+        "forward": lambda: forward(x),
+        "sample (whole)": lambda: sample_tensor(y, 1),
+        "positions": lambda: y[torch.randint(elements, (SAMPLE_POSITIONS,), device=device)],
+        "weights": lambda: [
+            torch.randn(elements, generator=generator, device=device) for _ in range(CHECKSUMS)
+        ],
+        "weighted sums": lambda: [(x * y).sum(dtype=f64) for _ in range(CHECKSUMS)],
+        "magnitudes": lambda: (y.abs().sum(dtype=f64), y.square().sum(dtype=f64)),
+        # alternatives: every checksum's weights in one draw, and norms with no temporaries
+        "weights, one draw": lambda: torch.randn(
+            CHECKSUMS, elements, generator=generator, device=device
+        ),
+        "magnitudes, fused": lambda: (
+            torch.linalg.vector_norm(y, 1, dtype=f64),
+            torch.linalg.vector_norm(y, 2, dtype=f64),
+        ),
+    }
+    found = {}
+    for name, part in parts.items():
+        times = []
+        for _ in range(rounds + 2):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            part()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        found[name] = statistics.median(times[2:])
+    return found
+
+
+def measure(neighbours: int, elements: int, device: str, rounds: int) -> dict[str, list[float]]:
+    ctx = mp.get_context("spawn")
+    stop, ready, results = ctx.Event(), ctx.Semaphore(0), ctx.Queue()
+    others = [
+        ctx.Process(target=neighbour, args=(elements, device, stop, ready))
+        for _ in range(neighbours)
+    ]
+    for p in others:
+        p.start()
+    for _ in others:
+        ready.acquire()
+    prober = ctx.Process(target=probe, args=(elements, device, rounds, results))
+    prober.start()
+    times = results.get()
+    prober.join()
+    stop.set()
+    for p in others:
+        p.join()
+    return times
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def table(found: dict[int, dict[str, list[float]]]) -> str:
+    lines = ["| neighbours | request | median ms | p90 ms |", "|---|---|---|---|"]
+    for count, times in found.items():
+        for name in REQUESTS:
+            values = times[name]
+            median, p90 = statistics.median(values), percentile(values, 0.9)
+            lines.append(f"| {count} | {name} | {median:.2f} | {p90:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[int, dict[str, list[float]]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--neighbours", type=int, nargs="+", default=[0, 7, 15])
+    parser.add_argument("--elements", type=int, default=1 << 26, help="floats per tensor")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--parts", action="store_true", help="also time a sample's parts alone")
+    args = parser.parse_args(argv)
+    if args.parts:
+        parts = sample_parts(args.elements, args.device, args.rounds)
+        print("\n".join(f"| {name} | {ms:.3f} ms |" for name, ms in parts.items()), flush=True)
+    found = {n: measure(n, args.elements, args.device, args.rounds) for n in args.neighbours}
+    print(table(found), flush=True)
+    return found
+
+
+if __name__ == "__main__":
+    main()
