@@ -297,9 +297,26 @@ def mismatch(
 def checksum_bound(e: Output, atol: float, rtol: float) -> float:
     """How far a weighted sum ``sum(w * v)`` over an output within ``atol``/``rtol`` of ``e``
     everywhere may be from ``e``'s own (see ``mismatch``)."""
-    tolerance = e.numel * atol**2 + 2 * atol * rtol * e.abs_sum + rtol**2 * e.square_sum
-    bound = CHECKSUM_Z * math.sqrt(max(tolerance, 0.0))
+    bound = CHECKSUM_Z * math.sqrt(_tolerance(e, atol, rtol))
     return bound + CHECKSUM_SLACK * (math.sqrt(max(e.square_sum, 0.0)) + 1e-30)
+
+
+def norms_apart(e: Output, g: Output, atol: float, rtol: float) -> bool:
+    """Whether ``g`` cannot be within ``atol``/``rtol`` of ``e`` everywhere, by their sums
+    alone: allclose everywhere bounds ``|g - e|`` (the 2-norm) by ``|atol + rtol * |e||``,
+    and ``|g - e| >= ||g| - |e||``. A check that would compare ``g`` with a fresh sample of
+    ``e`` can skip that sample when this holds; it never holds for a ``g`` that passes."""
+    if (g.dtype, g.shape) != (e.dtype, e.shape):
+        return True
+    e_norm, g_norm = math.sqrt(max(e.square_sum, 0.0)), math.sqrt(max(g.square_sum, 0.0))
+    allowed = math.sqrt(_tolerance(e, atol, rtol)) + CHECKSUM_SLACK * (e_norm + g_norm)
+    return abs(g_norm - e_norm) > allowed
+
+
+def _tolerance(e: Output, atol: float, rtol: float) -> float:
+    """``|atol + rtol * |e||^2`` over every element of ``e``, from its sums."""
+    tolerance = e.numel * atol**2 + 2 * atol * rtol * e.abs_sum + rtol**2 * e.square_sum
+    return max(tolerance, 0.0)
 
 
 def parse_proof(reply: dict[str, Any]) -> list[float]:

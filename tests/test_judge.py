@@ -609,3 +609,53 @@ def test_nested_input_tensors_are_numbered_depth_first_and_replaced_in_their_con
     assert flat[0] is new and flat[2][0] is b and flat[2][1][0] is c  # not nested: left alone
     with pytest.raises(IndexError):
         with_input_tensor(inputs, 3, new, True)
+
+
+# ------------------------------------------------------------------------------ verify's requests
+
+
+def test_norms_rule_out_a_match_only_where_allclose_fails() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1 << 14)
+    (e,) = sample(x)
+    for close in (x, x + 1e-3, x * 1.009):
+        assert torch.allclose(close, x, atol=1e-2, rtol=1e-2)
+        assert not j.norms_apart(e, *sample(close), 1e-2, 1e-2)
+    for same_norm in (x.flip(0), -x):  # not allclose, but the sums cannot tell
+        assert not j.norms_apart(e, *sample(same_norm), 1e-2, 1e-2)
+    for far in (x * 2.0, x + 1.0, torch.tanh(x) * 2.0 + 1.0):
+        assert j.norms_apart(e, *sample(far), 1e-2, 1e-2)
+    assert j.norms_apart(e, *sample(x.reshape(128, 128)), 1e-2, 1e-2)  # another shape
+
+
+class InProcess:
+    """verify's peer answered by ``filters.serve.Runner`` in this process, every request
+    recorded."""
+
+    def __init__(self, forward: Any) -> None:
+        def draw(seed: int) -> list[Any]:
+            return [torch.randn(64, 64, generator=torch.Generator().manual_seed(seed))]
+
+        forwards = {name: lambda inputs, rng: [forward(*inputs)] for name in ("eager", "compiled")}
+        self.handlers = Runner(torch.device("cpu"), draw, forwards).handlers()
+        self.made: list[dict[str, Any]] = []
+        self.spent: dict[str, float] = {}
+
+    def request(self, op: str, **fields: Any) -> tuple[dict[str, Any], float]:
+        self.made.append({"op": op, **fields})
+        return json.loads(json.dumps({"re": op, **self.handlers[op]({"op": op, **fields})})), 0.0
+
+
+def test_verify_samples_inputs_again_only_for_an_output_their_norms_allow() -> None:
+    """An input is sampled for the forward's check (before and after it) and, for an output
+    of its shape, again only where the norms allow the output to be that input."""
+    from opsynth.filters.verify import INPUT_AS_ANSWER, verify
+
+    def input_samples(forward: Any) -> tuple[str, int]:
+        peer = InProcess(forward)
+        reason = verify(peer, {INPUT_AS_ANSWER: True})[0]  # type: ignore[arg-type]
+        return reason, sum(r["op"] == "sample" and r.get("of") == "inputs" for r in peer.made)
+
+    assert input_samples(lambda x: x.clone()) == ("trivial_answer", 3)
+    reason, count = input_samples(lambda x: torch.tanh(x) * 2.0 + 1.0)
+    assert reason != "trivial_answer" and count == 2
