@@ -69,6 +69,7 @@ UNREDUCED = ("reduction", "none")
 # An operator that splits along its default dim 0 (``unbind``) splits the batch: the task would
 # have as many outputs as its batch, which sizing grows into the thousands. It is tried along
 # dim 1 instead, as the released set writes it; the replay refuses any that still follows it.
+# A reduction to a scalar is tried along dim 1 too (``compose.full_reduction_share``).
 ALONG_DIM_1 = ("dim", 1)
 # Dropout is composed with p=0: an identity, as the released set keeps it, and deterministic.
 NO_DROP = ("p", 0.0)
@@ -386,6 +387,10 @@ class Solver:
                     retried = self._with(state, base, main, key, (*varied, UNREDUCED))
                     if retried is not None:  # else it takes no reduction: stays a scalar
                         link, trial, out, cost, varied = retried
+                if self._along_dim_1(follow(out, continuation(out)), varied):
+                    retried = self._with(state, base, main, key, (*varied, ALONG_DIM_1))
+                    if retried is not None:  # else it takes no dim: stays a scalar
+                        link, trial, out, cost, varied = retried
                 if _splits_the_batch(out, target) and ALONG_DIM_1[0] not in dict(varied):
                     retried = self._with(state, base, main, key, (*varied, ALONG_DIM_1))
                     if retried is not None:  # else the replay at another batch refuses it
@@ -402,6 +407,15 @@ class Solver:
                 state.inputs, state.running = trial, following
                 return
         raise last
+
+    def _along_dim_1(self, following: Any, varied: tuple) -> bool:
+        """Whether a link that leaves a scalar is tried along dim 1: all but
+        ``compose.full_reduction_share`` of them (no draw at 1, so runs composed before the
+        setting compose the same)."""
+        share = self.cfg.full_reduction_share
+        if following.dim() != 0 or ALONG_DIM_1[0] in dict(varied) or share >= 1.0:
+            return False
+        return self.rng.random() >= share
 
     def _with(self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple):
         """``_attempt`` with ``varied`` and ``varied`` itself, or None when it is Degenerate."""

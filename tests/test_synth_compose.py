@@ -483,11 +483,38 @@ def test_dropout_is_composed_as_a_deterministic_identity(catalogue_seeds):
 def test_a_full_reduction_without_a_reduction_argument_may_end_in_a_scalar(catalogue_seeds):
     # a single-operator source: a task past the first is a redraw that may repeat one, so
     # not every one of the six asked for need come back
-    cfg = only(catalogue_seeds, "torch.sum", mix={"torch#1": 1.0}, tuple_output_share=0.0)
+    cfg = only(
+        catalogue_seeds,
+        "torch.sum",
+        mix={"torch#1": 1.0},
+        tuple_output_share=0.0,
+        full_reduction_share=1.0,
+    )
     tasks = compose(catalogue_seeds, cfg, n=6)
     assert len(tasks) >= 4 and {tuple(t.ops) for t in tasks} == {("torch.sum",)}
     scalars = [t for t in tasks if run_task(t)[0].dim() == 0]
     assert scalars and all("reduction" not in t.code for t in scalars)
+
+
+def test_a_reduction_to_a_scalar_is_tried_along_dim_1_beyond_its_share(catalogue_seeds):
+    """A statistic of a whole sized tensor barely moves between input draws; beyond
+    ``compose.full_reduction_share`` (here none) it reduces dim 1 and keeps the batch (a
+    batch-only input has no dim 1: its reduction stays a scalar)."""
+    cfg = only(
+        catalogue_seeds,
+        "torch.sum",
+        mix={"torch#1": 1.0},
+        tuple_output_share=0.0,
+        full_reduction_share=0.0,
+        rank_weights={2: 1.0, 3: 1.0},
+    )
+    tasks = compose(catalogue_seeds, cfg, n=4)
+    assert tasks
+    for task in tasks:
+        out, inputs = run_task(task)
+        first, result = next(iter(inputs.values())), flat(out)[0]
+        assert result.dim() >= 1 and result.shape[0] == first.shape[0], task.code
+        assert "torch.sum(x, dim=1)" in task.code, task.code
 
 
 @pytest.mark.parametrize("op", ["F.pad", "F.interpolate"])
