@@ -22,6 +22,15 @@ import time
 from typing import Any
 
 REQUESTS = ("draw", "run", "sample", "run_and_sample")
+WARMUP = 2  # rounds run first and not recorded
+
+
+def sync(device: str) -> None:
+    """Wait for the device's work, as each of serve's requests does before it replies."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def forward(x: Any) -> Any:
@@ -39,8 +48,7 @@ def neighbour(elements: int, device: str, stop: Any, ready: Any) -> None:  # pra
     ready.release()
     while not stop.is_set():
         forward(x)
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync(device)
 
 
 def probe(elements: int, device: str, rounds: int, out: Any) -> None:  # pragma: no cover
@@ -48,28 +56,24 @@ def probe(elements: int, device: str, rounds: int, out: Any) -> None:  # pragma:
 
     from opsynth.filters.serve import sample_tensor
 
-    def sync() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
     times: dict[str, list[float]] = {name: [] for name in REQUESTS}
     generator = torch.Generator(device=device)
-    for k in range(rounds + 2):  # two rounds of warm-up, not recorded
+    for k in range(rounds + WARMUP):
         steps = []
         start = time.perf_counter()
         generator.manual_seed(k)
         x = torch.randn(elements, device=device, generator=generator)
-        sync()
+        sync(device)
         steps.append(("draw", time.perf_counter()))
         y = forward(x)
-        sync()
+        sync(device)
         steps.append(("run", time.perf_counter()))
         sample_tensor(y, k)
         steps.append(("sample", time.perf_counter()))
         before = time.perf_counter()
         sample_tensor(forward(x), k)
         merged = time.perf_counter() - before
-        if k < 2:
+        if k < WARMUP:
             continue
         for name, at in steps:
             times[name].append((at - start) * 1e3)
@@ -113,15 +117,13 @@ def sample_parts(elements: int, device: str, rounds: int) -> dict[str, float]:
     found = {}
     for name, part in parts.items():
         times = []
-        for _ in range(rounds + 2):
-            if device == "cuda":
-                torch.cuda.synchronize()
+        for _ in range(rounds + WARMUP):
+            sync(device)
             start = time.perf_counter()
             part()
-            if device == "cuda":
-                torch.cuda.synchronize()
+            sync(device)
             times.append((time.perf_counter() - start) * 1e3)
-        found[name] = statistics.median(times[2:])
+        found[name] = statistics.median(times[WARMUP:])
     return found
 
 

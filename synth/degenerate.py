@@ -99,14 +99,11 @@ def _check_input_answer(
     tol = cfg.trivial_tolerance
     for k, out in enumerate(outputs):
         for name, value in draw.items():
-            for x in value if isinstance(value, list) else [value]:
-                if isinstance(x, torch.Tensor) and (x.shape, x.dtype) == (out.shape, out.dtype):
-                    _refuse_match(k, out, name, x, tol)
-
-
-def _refuse_match(k: int, out: torch.Tensor, name: str, x: torch.Tensor, tol: float) -> None:
-    if torch.allclose(_real(out), _real(x), atol=tol, rtol=tol, equal_nan=True):
-        raise Degenerate("trivial", f"output {k} is input {name} handed back")
+            for x in tensors_in(value):  # a tensor-list argument's tensors too
+                if (x.shape, x.dtype) != (out.shape, out.dtype):
+                    continue
+                if torch.allclose(_real(out), _real(x), atol=tol, rtol=tol, equal_nan=True):
+                    raise Degenerate("trivial", f"output {k} is input {name} handed back")
 
 
 def _check_links(chain: Chain, trace: list[tuple[Any, Any]]) -> None:
