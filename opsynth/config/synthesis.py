@@ -346,9 +346,9 @@ class ComposeConfig(_Section):
         le=1.0,
         description="share of the operators that would reduce their running tensor to a scalar "
         "(std, norm, a mean over everything) kept that way; the others are tried along dim 1 "
-        "first. In Ops-6K 103 of the 1,006 calls of its reduction functions (sum, mean, std, "
-        "max, argmax, ...) take the tensor alone; a statistic over a whole sized tensor also "
-        "barely differs between input draws, which the filters reject as indistinguishable; "
+        "first, as Ops-6K mostly reduces (its share of whole-tensor calls: benchmarks/RESULTS.md); "
+        "a statistic over a whole sized tensor also barely differs between input draws, which "
+        "the filters reject as indistinguishable; "
         "1 = what runs composed before (v1.0.0's config pins it)",
     )
     refuse_input_answer: bool = Field(
