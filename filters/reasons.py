@@ -60,6 +60,9 @@ INFRA: dict[str, str] = {
     "resource_limit": "the candidate exceeded its memory, process or file-size limit",
     "output_flood": "the candidate wrote more than output_limit_kb to stdout/stderr",
     "filter_error": "a filter itself raised (a bug in the filter, not in the candidate)",
+    "harness_failed": "the check harness raised inside the candidate's process after the "
+    "candidate's code could run there (a harness bug, or the candidate's doing: the detail "
+    "holds the traceback its process reported)",
     "protocol_violation": "the candidate's process reported a malformed or unexpected message",
 }
 

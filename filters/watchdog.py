@@ -80,9 +80,10 @@ class Watchdog:
         buffer = bytearray()
         pipe_open = True
         error: str | None = None
+        error_reason = "filter_error"
 
         def consume(chunk: bytes) -> bool:
-            nonlocal error, deadline, may_prepare
+            nonlocal error, error_reason, deadline, may_prepare
             buffer.extend(chunk)
             while b"\n" in buffer:
                 line, _, rest = bytes(buffer).partition(b"\n")
@@ -103,6 +104,9 @@ class Watchdog:
                     result.prepare_s = now - began
                 elif kind == "error":
                     error = str(event.get("detail", ""))[-1500:]
+                    # before ``prepared`` no candidate code has run in the process: only then
+                    # is its report the harness's own failure
+                    error_reason = "filter_error" if may_prepare else "harness_failed"
                 elif kind in ("info", "calibration"):
                     payload.update({k: v for k, v in event.items() if k != "event"})
                 elif on_event and kind != "started":  # only we say which process started
@@ -135,7 +139,7 @@ class Watchdog:
                 if pipe_open and consume(drain(read_fd)):
                     return result
                 if error is not None:
-                    return failed("filter_error", f"the check harness raised: {error}")
+                    return failed(error_reason, f"the check harness raised: {error}")
                 return failed(*exit_failure(status, log_path, settings))
             now = time.monotonic()
             if now >= next_census:

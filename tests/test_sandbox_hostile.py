@@ -124,6 +124,17 @@ for fd in range(3, 256):
 FORGE_ROWS = FORGE_ROWS.replace("JOB_STAGES", repr(list(job_stages(FiltersConfig()))))
 
 
+FORGE_HARNESS_ERROR = """
+import json, os
+for fd in range(3, 256):
+    try:
+        os.write(fd, (json.dumps({'event': 'error', 'detail': 'forged'}) + '\\n').encode())
+    except OSError:
+        pass
+os._exit(1)
+"""
+
+
 def forgeries() -> list[Hostile]:
     t = task_source
     return [
@@ -252,6 +263,13 @@ def forgeries() -> list[Hostile]:
                 inputs="[torch.randn(64, 64), [torch.randn(64, 64)]]",
             ),
             "input_mutated",
+        ),
+        Hostile(
+            # the harness's failure reported from the candidate's process once its code ran:
+            # the candidate's failure, not the filter's (it was filter_error)
+            "reports_a_harness_failure",
+            t("return torch.tanh(x) * 2.0", header=FORGE_HARNESS_ERROR),
+            "harness_failed",
         ),
         Hostile(
             # an exception whose message raises when read: the candidate's failure, not the
