@@ -91,6 +91,8 @@ class Settings:
     input_as_answer: bool = False
     # Whether tensors inside list inputs are checked as inputs (``filters.nested_inputs``).
     nested_inputs: bool = False
+    # Whether every output must move for another draw (``filters.every_output_distinct``).
+    every_output_distinct: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Settings:
@@ -476,12 +478,19 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
             with c.gpu_shared():
                 d = compare.rel_diff(outputs[i], outputs[j])
             pairwise.append(d)
+            which: dict[str, Any] = {}
+            if d > rtol and c.s.every_output_distinct and len(outputs[i]) > 1:
+                with c.gpu_shared():
+                    k, d = compare.least_moved(outputs[i], outputs[j])
+                which = {"output": k}
             if d <= rtol:
+                what = f"output {which['output']}" if which else "outputs"
                 raise Fail(
                     "indistinguishable",
-                    f"input draws {i} and {j} give outputs within {d:.3g} (relative)",
+                    f"input draws {i} and {j} give {what} within {d:.3g} (relative)",
                     draws=[i, j],
                     rel_diff=d,
+                    **which,
                 )
     del outputs
 

@@ -64,6 +64,16 @@ def rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return worst
 
 
+def least_moved(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[int, float]:
+    """(output, change) of the output whose ``rel_diff`` between ``a`` and ``b`` is smallest;
+    a structure change counts as infinitely different."""
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return 0, math.inf
+    changes = [rel_diff([x], [y]) for x, y in zip(a, b, strict=True)]
+    index = min(range(len(changes)), key=changes.__getitem__, default=0)
+    return index, changes[index] if changes else math.inf
+
+
 def input_answer(
     outputs: list[torch.Tensor], inputs: list[Any], *, atol: float, rtol: float
 ) -> tuple[int, int] | None:

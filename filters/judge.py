@@ -376,6 +376,27 @@ def rel_diff(a: Sequence[Output], b: Sequence[Output]) -> float:
     return worst
 
 
+def least_moved(a: Sequence[Output], b: Sequence[Output]) -> tuple[int, float]:
+    """(output, change) of the output that moved least between two samples of the same
+    structure (the filters' ``compare.least_moved``, on the sample). An output's change is the
+    larger of its sampled values' (as ``rel_diff``) and its checksums' relative to its norm:
+    ``sum(w * (x - y))`` is of the order of ``|x - y|``, so a sparse output whose sampled
+    positions all hold zeros still shows a change anywhere in it. A structure change is
+    infinitely different."""
+    if structure_mismatch(a, b):
+        return 0, math.inf
+    least, index = math.inf, 0
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        change = rel_diff([x], [y])
+        norm = math.sqrt(max(x.square_sum, y.square_sum, 0.0))
+        for p, q in zip(x.checksums, y.checksums, strict=True):
+            if p != q:
+                change = max(change, abs(p - q) / norm if norm > 0 else math.inf)
+        if change < least:
+            least, index = change, i
+    return index, least
+
+
 def nonfinite(outputs: Sequence[Output]) -> int:
     """The first output with a NaN or Inf among its sampled values or in its checksum, or -1."""
     for i, out in enumerate(outputs):

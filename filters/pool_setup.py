@@ -13,6 +13,7 @@ from typing import Any
 from opsynth.config import FiltersConfig
 from opsynth.filters import privilege, reasons, sandbox
 from opsynth.filters.verify import (
+    EVERY_OUTPUT_DISTINCT,
     INPUT_AS_ANSWER,
     TIMED_SAMPLE_POSITIONS,
     TIMING_IN_VERIFY,
@@ -156,5 +157,6 @@ def check_settings(
         VERIFY_EVERY_DEGENERATE_CHECK: cfg.judge_every_degenerate_fact,
         INPUT_AS_ANSWER: cfg.input_as_answer,
         "nested_inputs": cfg.nested_inputs,
+        EVERY_OUTPUT_DISTINCT: cfg.every_output_distinct,
         TIMED_SAMPLE_POSITIONS: cfg.timed_sample_positions,
     }

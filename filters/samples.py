@@ -156,6 +156,13 @@ SAMPLES: tuple[Sample, ...] = (
         "indistinguishable",
     ),
     Sample(
+        # a one-element constant beside a real output: the outputs together move, it does not
+        "constant_scalar_beside_output",
+        task_source("return torch.tanh(x) * 2.0, x.new_full((1,), 3.5)"),
+        "degenerate",
+        "indistinguishable",
+    ),
+    Sample(
         "ignores_second_input",
         task_source(
             "return x * 2.0", signature="x, y", inputs="[torch.randn(64, 64), torch.randn(64, 64)]"

@@ -7,8 +7,9 @@ depend on it: with seeds drawn here and outputs handed over as samples (``filter
 it rejects outputs that are empty or not finite, inputs changed in place by the forward
 (``input_mutated``), outputs that are constant, zeros (``trivial_answer``), different on a
 repeat (``nondeterministic``) or under another RNG state (``random``), the same for another
-input draw (``indistinguishable``), compiled outputs off eager (``compile_mismatch``), and an
-eager forward outside the runtime window by this process's clock (``too_fast``/``too_slow``).
+input draw, together or (``filters.every_output_distinct``) any one of them
+(``indistinguishable``), compiled outputs off eager (``compile_mismatch``), and an eager
+forward outside the runtime window by this process's clock (``too_fast``/``too_slow``).
 
 What it cannot see: the values a candidate hands over are what its process computed under
 this harness. Its timed forwards have no reference to prove them against (the evaluator's
@@ -53,6 +54,9 @@ TIMED_SAMPLE_POSITIONS = "timed_sample_positions"
 # The job setting that makes an output equal to an input tensor a trivial answer
 # (``filters.input_as_answer``).
 INPUT_AS_ANSWER = "input_as_answer"
+# The job setting that asks every output, not only the outputs together, to move for another
+# input draw (``filters.every_output_distinct``); the candidate's own check reads the same key.
+EVERY_OUTPUT_DISTINCT = "every_output_distinct"
 # Forward RNG states: the candidate's own checks use the same two.
 RNG, OTHER_RNG = 2000, 2001
 
@@ -132,6 +136,12 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     if moved <= distinct:
         detail = f"another input draw changes the output by {moved:.3g}"
         return "indistinguishable", detail, measures
+    if s.get(EVERY_OUTPUT_DISTINCT) and len(base) > 1:
+        index, least = j.least_moved(base, other)
+        if least <= distinct:
+            measures["rel_diff"] = j.finite(least)
+            detail = f"another input draw changes output {index} by only {least:.3g}"
+            return "indistinguishable", detail, {**measures, "output": index}
     if every_check:
         others = inputs(positions)
         ignored = _ignored_input(peer, base, given, others, (first, second), outputs, distinct)

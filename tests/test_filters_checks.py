@@ -20,7 +20,7 @@ from opsynth.filters import candidate_load, checks, failures, gpu_sections, reas
 from opsynth.filters.pool import WorkerPool, job_stages
 from opsynth.filters.samples import GOOD, SAMPLES, Sample, task_source
 from opsynth.filters.smoke import run_smoke
-from opsynth.filters.verify import VERIFY_EVERY_DEGENERATE_CHECK
+from opsynth.filters.verify import EVERY_OUTPUT_DISTINCT, VERIFY_EVERY_DEGENERATE_CHECK
 from opsynth.record import Task, Verdict
 
 # Generous limits: the suite must pass on a loaded two-core machine, and the first
@@ -105,6 +105,15 @@ def test_before_the_setting_verify_took_two_degenerate_facts_from_the_candidate(
     }
     assert found["ignores_second_input"] == ("verify", "ok")
     assert found["near_constant"] in {("verify", "ok"), ("verify", "indistinguishable")}
+
+
+def test_before_the_setting_one_constant_output_passed(sample_pool: WorkerPool) -> None:
+    """What runs made before ``every_output_distinct`` (pinned false by v1.0.0) did: a
+    constant scalar beside a real output passes, since the outputs together move."""
+    [sample] = [s for s in SAMPLES if s.name == "constant_scalar_beside_output"]
+    overrides = {**NO_OWN_DEGENERATE, EVERY_OUTPUT_DISTINCT: False}
+    [verdicts] = _verdicts(sample_pool, [sample], overrides).values()
+    assert (verdicts[-1].stage, verdicts[-1].reason) == ("verify", "ok"), verdicts[-1].detail
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.name)

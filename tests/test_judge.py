@@ -106,6 +106,26 @@ def test_a_sparse_output_is_not_constant_though_its_sample_is() -> None:
     assert j.constant(sample(spread), 1e-3)[0] == 0  # within rtol of each other: constant
 
 
+def test_the_output_that_moved_least_is_found_where_its_sample_shows_no_change() -> None:
+    """``least_moved`` names a constant scalar beside an output that moves, and counts a
+    change a sparse output's sampled positions miss (its checksums move): an output is
+    indistinguishable only where neither its sample nor its sums moved."""
+    generator = torch.Generator().manual_seed(3)
+    x, y = (torch.randn(256, 256, generator=generator) for _ in range(2))
+    scalar = torch.tensor([3.5])
+    assert j.least_moved(sample(x) + sample(scalar), sample(y) + sample(scalar)) == (1, 0.0)
+    assert j.least_moved(sample(x) + sample(scalar), sample(y) + sample(scalar * 2))[1] > 0.1
+    sparse = torch.zeros(512, 32, 256)
+    moved = sparse.clone()
+    moved.view(-1)[
+        torch.randperm(moved.numel(), generator=torch.Generator().manual_seed(1))[:100]
+    ] = 1.0
+    [a], [b] = sample(sparse), sample(moved)
+    assert a.values == b.values  # the sample alone shows no change
+    assert j.least_moved([a], [b])[1] > 1e-3
+    assert j.least_moved([a], sample(torch.zeros(4)))[1] == math.inf  # another shape
+
+
 def test_the_mean_answers_an_output_only_where_allclose_holds_everywhere() -> None:
     """``mean_answer`` agrees with the candidate's own ``trivial_answer`` (the output's mean
     passes allclose): on a near-constant output, not on a varying one, and not on one whose

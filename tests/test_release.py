@@ -26,7 +26,7 @@ def test_release_config_asks_for_ops6k() -> None:
 def test_recheck_config_differs_from_the_run_only_where_it_says() -> None:
     """The re-check filters as the run did but for today's filters (``verify`` decides every
     degenerate fact and the runtime window, with a small sample after each timed run; an input
-    handed back is a trivial answer) and the
+    handed back is a trivial answer; every output must move for another draw) and the
     runtime window widened by the share ``verify`` allows."""
     run = load_config(RELEASE / "config.toml").filters.model_dump()
     recheck = load_config(RELEASE / "recheck.toml").filters.model_dump()
@@ -37,6 +37,7 @@ def test_recheck_config_differs_from_the_run_only_where_it_says() -> None:
         "timed_sample_positions",
         "input_as_answer",
         "nested_inputs",
+        "every_output_distinct",
     }
     assert changed == {*today, "window_ms_cuda"}
     defaults = FiltersConfig().model_dump()

@@ -81,6 +81,15 @@ class FiltersConfig(_Section):
         "input passes the evaluator; checked in the candidate's degenerate stage and again in "
         "verify. false = not checked, as runs did before (v1.0.0's config pins it)",
     )
+    every_output_distinct: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="every output must move for another input draw (by more than "
+        "distinct_rtol), not only the outputs together: a constant scalar returned beside a "
+        "real output is indistinguishable; checked in the candidate's degenerate stage and "
+        "again in verify. false = only the outputs together, as runs did before (v1.0.0's "
+        "config pins it)",
+    )
     nested_inputs: bool = Field(
         json_schema_extra=added_with(False),
         default=True,
