@@ -10,7 +10,9 @@ run, fifteen other candidates' processes use the same GPU from their own CUDA co
 times those requests the way serve makes them, in a process of their own, with N neighbour
 processes each running forwards and synchronising in a loop, and also a forward and its
 sample answered as one request (one synchronisation instead of two). Prints a markdown table:
-per neighbour count and request, the median and 90th percentile milliseconds.
+per neighbour count and request, the median and 90th percentile milliseconds. On a CUDA
+device a sample sums each output in one pass (``filters.fused_sums``); ``--torch-sums`` times
+the torch operations it replaced.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def neighbour(elements: int, device: str, stop: Any, ready: Any) -> None:  # pra
         sync(device)
 
 
-def probe(elements: int, device: str, rounds: int, out: Any) -> None:  # pragma: no cover
+def probe(
+    elements: int, device: str, rounds: int, fused: bool, out: Any
+) -> None:  # pragma: no cover
     import torch
 
     from opsynth.filters.serve import sample_tensor
@@ -68,10 +72,10 @@ def probe(elements: int, device: str, rounds: int, out: Any) -> None:  # pragma:
         y = forward(x)
         sync(device)
         steps.append(("run", time.perf_counter()))
-        sample_tensor(y, k)
+        sample_tensor(y, k, fused=fused)
         steps.append(("sample", time.perf_counter()))
         before = time.perf_counter()
-        sample_tensor(forward(x), k)
+        sample_tensor(forward(x), k, fused=fused)
         merged = time.perf_counter() - before
         if k < WARMUP:
             continue
@@ -85,12 +89,14 @@ def probe(elements: int, device: str, rounds: int, out: Any) -> None:  # pragma:
 
 def sample_parts(elements: int, device: str, rounds: int) -> dict[str, float]:
     """Median milliseconds, alone on the device, of a sample's parts (``filters.serve``) on
-    one tensor: the sampled positions, the weights drawn for its checksums, the weighted sums
-    and the two magnitudes, against the forward it samples."""
+    one tensor against the forward it samples: the whole sample as serve makes it (its sums
+    fused into one pass on a CUDA device, ``filters.fused_sums``), the sums alone each way,
+    and the torch path's parts: the sampled positions, the weights drawn for its checksums,
+    the weighted sums and the two magnitudes."""
     import torch
 
+    from opsynth.filters import serve
     from opsynth.filters.judge import CHECKSUMS, SAMPLE_POSITIONS
-    from opsynth.filters.serve import sample_tensor
 
     f64 = torch.float64
     x = torch.randn(elements, device=device)
@@ -98,22 +104,19 @@ def sample_parts(elements: int, device: str, rounds: int) -> dict[str, float]:
     generator = torch.Generator(device=device)
     parts: dict[str, Any] = {
         "forward": lambda: forward(x),
-        "sample (whole)": lambda: sample_tensor(y, 1),
+        "sample (whole)": lambda: serve.sample_tensor(y, 1),
+        "sums, torch operations": lambda: serve.torch_sums(
+            y, generator, CHECKSUMS, magnitudes=True
+        ),
         "positions": lambda: y[torch.randint(elements, (SAMPLE_POSITIONS,), device=device)],
         "weights": lambda: [
             torch.randn(elements, generator=generator, device=device) for _ in range(CHECKSUMS)
         ],
         "weighted sums": lambda: [(x * y).sum(dtype=f64) for _ in range(CHECKSUMS)],
         "magnitudes": lambda: (y.abs().sum(dtype=f64), y.square().sum(dtype=f64)),
-        # alternatives: every checksum's weights in one draw, and norms with no temporaries
-        "weights, one draw": lambda: torch.randn(
-            CHECKSUMS, elements, generator=generator, device=device
-        ),
-        "magnitudes, fused": lambda: (
-            torch.linalg.vector_norm(y, 1, dtype=f64),
-            torch.linalg.vector_norm(y, 2, dtype=f64),
-        ),
     }
+    if device == "cuda":
+        parts["sums, fused"] = lambda: serve.fused_sums_of(y, 1, CHECKSUMS, magnitudes=True)
     found = {}
     for name, part in parts.items():
         times = []
@@ -127,7 +130,9 @@ def sample_parts(elements: int, device: str, rounds: int) -> dict[str, float]:
     return found
 
 
-def measure(neighbours: int, elements: int, device: str, rounds: int) -> dict[str, list[float]]:
+def measure(
+    neighbours: int, elements: int, device: str, rounds: int, fused: bool = True
+) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     stop, ready, results = ctx.Event(), ctx.Semaphore(0), ctx.Queue()
     others = [
@@ -138,7 +143,7 @@ def measure(neighbours: int, elements: int, device: str, rounds: int) -> dict[st
         p.start()
     for _ in others:
         ready.acquire()
-    prober = ctx.Process(target=probe, args=(elements, device, rounds, results))
+    prober = ctx.Process(target=probe, args=(elements, device, rounds, fused, results))
     prober.start()
     times = results.get()
     prober.join()
@@ -170,11 +175,15 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, list[float]]]:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--parts", action="store_true", help="also time a sample's parts alone")
+    parser.add_argument(
+        "--torch-sums", action="store_true", help="samples sum with torch operations (unfused)"
+    )
     args = parser.parse_args(argv)
     if args.parts:
         parts = sample_parts(args.elements, args.device, args.rounds)
         print("\n".join(f"| {name} | {ms:.3f} ms |" for name, ms in parts.items()), flush=True)
-    found = {n: measure(n, args.elements, args.device, args.rounds) for n in args.neighbours}
+    fused = not args.torch_sums
+    found = {n: measure(n, args.elements, args.device, args.rounds, fused) for n in args.neighbours}
     print(table(found), flush=True)
     return found
 

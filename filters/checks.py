@@ -93,6 +93,8 @@ class Settings:
     nested_inputs: bool = False
     # Whether every output must move for another draw (``filters.every_output_distinct``).
     every_output_distinct: bool = False
+    # Whether a sample's sums take one pass on a CUDA device (``filters.fused_sums``).
+    fused_sums: bool = True
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Settings:
@@ -216,7 +218,9 @@ def served(c: Candidate) -> tuple[dict[str, Any], Callable[[BaseException], str]
 
     forwards = {"eager": forward(None), "compiled": forward(c.compiled)}
     lock = c.gpu_lock if c.lock_dir else None
-    runner = Runner(c.device, c.draw_from, forwards, lock, nested=c.s.nested_inputs)
+    runner = Runner(
+        c.device, c.draw_from, forwards, lock, nested=c.s.nested_inputs, fused=c.s.fused_sums
+    )
     return runner.handlers(), lambda exc: classify(exc, "forward_error")
 
 

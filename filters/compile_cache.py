@@ -60,7 +60,7 @@ IMPORTS = "imports.txt"  # the modules the warm-up's compiles imported, one name
 MAX_IMPORTS = 5000
 VEC_ISA = "vec_isa.txt"  # the vector instruction sets the warm-up's probes built and loaded
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-WARMUP_VERSION = 3  # raised when ``warm`` compiles something else: layers are rebuilt
+WARMUP_VERSION = 4  # raised when ``warm`` compiles something else: layers are rebuilt
 
 
 def private_env(tmp: str) -> dict[str, str]:
@@ -279,11 +279,11 @@ def imported_since(before: set[str], *, outside: tuple[str, ...]) -> list[str]:
 
 def warm(device: str, layer: str) -> None:
     """Fill ``layer`` by compiling a few small functions of opsynth's own on ``device``: enough
-    to build the precompiled header (CPU) and Triton's driver and common launchers (CUDA), and
-    the state audit's tiny model that every reusable process compiles, and a convolution and
-    matmul (extern kernels, whose lowering imports more); then name the modules those compiles
-    imported (``IMPORTS``) and, on CPU, the vector instruction sets they found usable
-    (``VEC_ISA``)."""
+    to build the precompiled header (CPU) and Triton's driver and common launchers (CUDA), the
+    state audit's tiny model that every reusable process compiles, the samples' fused sums
+    (``filters.fused_sums``, CUDA), and a convolution and matmul (extern kernels, whose lowering
+    imports more); then name the modules those compiles imported (``IMPORTS``) and, on CPU, the
+    vector instruction sets they found usable (``VEC_ISA``)."""
     os.environ["TRITON_CACHE_DIR"] = os.path.join(layer, TRITON)
     import torch
     import torch._inductor.codecache as codecache
@@ -324,6 +324,9 @@ def warm(device: str, layer: str) -> None:
     from opsynth.filters import state_audit
 
     state_audit.prepare(device)  # every reusable process compiles this model first
+    from opsynth.filters import fused_sums
+
+    fused_sums.warm(device)  # every sample on a CUDA device runs this kernel
     if device == "cuda":
         torch.cuda.synchronize()
     try:

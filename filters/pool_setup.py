@@ -158,5 +158,6 @@ def check_settings(
         INPUT_AS_ANSWER: cfg.input_as_answer,
         "nested_inputs": cfg.nested_inputs,
         EVERY_OUTPUT_DISTINCT: cfg.every_output_distinct,
+        "fused_sums": cfg.fused_sums,
         TIMED_SAMPLE_POSITIONS: cfg.timed_sample_positions,
     }

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from opsynth.filters import fused_sums
 from opsynth.filters.candidate_load import input_tensors, with_input_tensor
 from opsynth.filters.failures import exception_text
 from opsynth.filters.judge import CHECKSUMS, MAX_OUTPUTS, SAMPLE_POSITIONS
@@ -83,9 +84,11 @@ class Runner:
         forwards: dict[str, Callable[[list[Any], int | None], list[torch.Tensor]]],
         lock: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
         nested: bool = False,
+        fused: bool = True,
     ) -> None:
         self.device = device
         self.nested = nested  # input tensors inside list inputs count (``input_tensors``)
+        self.fused = fused  # a sample's sums in one pass where it can (``filters.fused_sums``)
         self.get_inputs = get_inputs
         self.forwards = forwards
         self.lock = lock
@@ -144,7 +147,10 @@ class Runner:
             proof = (
                 None
                 if seed is None
-                else [proof_sum(t, int(seed) + i) for i, t in enumerate(self.outputs)]
+                else [
+                    proof_sum(t, int(seed) + i, fused=self.fused)
+                    for i, t in enumerate(self.outputs)
+                ]
             )
         self.sync()
         return timed if proof is None else {**timed, "proof": proof}
@@ -162,7 +168,10 @@ class Runner:
         # for its time alone), never more than the judge parses
         k = min(max(1, int(request.get("positions", SAMPLE_POSITIONS))), SAMPLE_POSITIONS)
         with torch.no_grad():
-            return {"outputs": [sample_tensor(t, seed + i, k) for i, t in enumerate(tensors)]}
+            samples = [
+                sample_tensor(t, seed + i, k, fused=self.fused) for i, t in enumerate(tensors)
+            ]
+            return {"outputs": samples}
 
     def take_lock(self, request: dict[str, Any]) -> dict[str, Any]:
         if self.lock is not None and self._held is None:
@@ -213,7 +222,9 @@ def flush_l2(buffer: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     return buffer
 
 
-def sample_tensor(t: torch.Tensor, seed: int, k: int = SAMPLE_POSITIONS) -> dict[str, Any]:
+def sample_tensor(
+    t: torch.Tensor, seed: int, k: int = SAMPLE_POSITIONS, *, fused: bool = True
+) -> dict[str, Any]:
     """``t``'s sample for the judge (``filters.judge.Output``): dtype, shape, the values at
     ``k`` positions drawn from ``seed`` (every value when there are at most ``k``),
     ``CHECKSUMS`` sums ``sum(w * v)`` over all elements with standard normal weights ``w``
@@ -225,7 +236,7 @@ def sample_tensor(t: torch.Tensor, seed: int, k: int = SAMPLE_POSITIONS) -> dict
     else:
         positions = torch.randint(n, (k,), generator=generator, device=flat.device)
         values = flat[positions].double().cpu().tolist()
-    found = _sums(flat, generator, CHECKSUMS, magnitudes=True).cpu().tolist()
+    found = _sums(flat, generator, seed, CHECKSUMS, magnitudes=True, fused=fused).cpu().tolist()
     return {
         "dtype": str(t.dtype).removeprefix("torch."),
         "shape": list(t.shape),
@@ -236,12 +247,13 @@ def sample_tensor(t: torch.Tensor, seed: int, k: int = SAMPLE_POSITIONS) -> dict
     }
 
 
-def proof_sum(t: torch.Tensor, seed: int) -> float:
+def proof_sum(t: torch.Tensor, seed: int, *, fused: bool = True) -> float:
     """``sum(w * v)`` over every element of ``t`` with standard normal weights ``w`` from
     ``seed``: what a timed forward's reply carries. The worker compares it with the
     reference's on the same inputs and seed (the bound of ``filters.judge.checksum_bound``), so
     a reply sent before the output was whole, or with a part of it, is caught."""
-    return float(_sums(_flat(t), _generator(t, seed), 1, magnitudes=False)[0].item())
+    sums = _sums(_flat(t), _generator(t, seed), seed, 1, magnitudes=False, fused=fused)
+    return float(sums[0].item())
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -256,11 +268,39 @@ def _generator(t: torch.Tensor, seed: int) -> torch.Generator:
 
 
 def _sums(
-    flat: torch.Tensor, generator: torch.Generator, weighted: int, *, magnitudes: bool
+    flat: torch.Tensor,
+    generator: torch.Generator,
+    seed: int,
+    weighted: int,
+    *,
+    magnitudes: bool,
+    fused: bool,
 ) -> torch.Tensor:
     """``weighted`` sums ``sum(w_j * v)`` with fresh standard normal weights each, then (with
-    ``magnitudes``) ``sum|v|`` and ``sum v^2``, in float64 on ``flat``'s device, ``CHUNK``
-    elements at a time."""
+    ``magnitudes``) ``sum|v|`` and ``sum v^2``, in float64 on ``flat``'s device: with
+    ``fused`` on a CUDA device in one pass (``fused_sums_of``), else with torch operations
+    (``torch_sums``). Every process of a job is asked for the same path, so its samples
+    compare."""
+    if fused and fused_sums.available(flat.device):
+        return fused_sums_of(flat, seed, weighted, magnitudes=magnitudes)
+    return torch_sums(flat, generator, weighted, magnitudes=magnitudes)
+
+
+def fused_sums_of(
+    flat: torch.Tensor, seed: int, weighted: int, *, magnitudes: bool
+) -> torch.Tensor:
+    """``_sums`` by ``filters.fused_sums``, weights from ``seed``, ``CHUNK`` elements a launch."""
+    total = torch.zeros(fused_sums.SUMS, dtype=torch.float64, device=flat.device)
+    for begin in range(0, flat.numel(), CHUNK):
+        total += fused_sums.sums(flat[begin : begin + CHUNK], seed, begin // CHUNK)
+    magnitude_sums = total[fused_sums.WEIGHTED :] if magnitudes else total[:0]
+    return torch.cat([total[:weighted], magnitude_sums])
+
+
+def torch_sums(
+    flat: torch.Tensor, generator: torch.Generator, weighted: int, *, magnitudes: bool
+) -> torch.Tensor:
+    """``_sums`` by torch operations, weights from ``generator``, ``CHUNK`` elements at a time."""
     f64 = torch.float64
     sums = torch.zeros(weighted + 2 * magnitudes, dtype=f64, device=flat.device)
     for begin in range(0, flat.numel(), CHUNK):

@@ -60,13 +60,17 @@ def test_work_keys_hash_speed_only_settings_at_their_defaults() -> None:
     work runs, so a resumed run tuned for another host reuses the work on disk; at the
     defaults it is the plain dump less the settings added with their earlier behaviour as
     default, so keys written before they existed stay valid."""
-    from opsynth.config import ADDED_AT_DEFAULT, SPEED_ONLY, render_toml
+    from opsynth.config import ADDED_AT_DEFAULT, SPEED_ONLY, SPEED_ONLY_ADDED, render_toml
 
     cfg = RunConfig()
     for name in ("seeds", "compose", "sizing", "filters", "decontam", "dedup"):
         section = getattr(cfg, name)
         fields = type(section).model_fields
-        added = {n for n, f in fields.items() if f.json_schema_extra == ADDED_AT_DEFAULT}
+        added = {
+            n
+            for n, f in fields.items()
+            if f.json_schema_extra in (ADDED_AT_DEFAULT, SPEED_ONLY_ADDED)
+        }
         plain = {k: v for k, v in section.model_dump(mode="json").items() if k not in added}
         assert section.work_dump() == plain, name
     # an added setting counts once it is set otherwise (sizing.probe_exclusive)
@@ -82,14 +86,21 @@ def test_work_keys_hash_speed_only_settings_at_their_defaults() -> None:
         section: [
             n
             for n, f in type(getattr(cfg, section)).model_fields.items()
-            if f.json_schema_extra == SPEED_ONLY
+            if f.json_schema_extra in (SPEED_ONLY, SPEED_ONLY_ADDED)
         ]
         for section in ("sizing", "filters")
     }
-    assert {"workers", "shard_size", "candidates_per_process_cuda"} <= set(speed["filters"])
+    assert {"workers", "shard_size", "candidates_per_process_cuda", "fused_sums"} <= set(
+        speed["filters"]
+    )
     assert {"pipelined", "inline"} <= set(speed["sizing"])
     tuned = cfg.with_section(
-        "filters", workers=3, shard_size=5, candidates_per_process_cuda=4, batch_timers=False
+        "filters",
+        workers=3,
+        shard_size=5,
+        candidates_per_process_cuda=4,
+        batch_timers=False,
+        fused_sums=False,
     ).with_section("sizing", pipelined=False, inline=False)
     assert tuned.filters.work_dump() == cfg.filters.work_dump()
     assert tuned.sizing.work_dump() == cfg.sizing.work_dump()

@@ -370,6 +370,7 @@ def test_after_a_stage_the_allocators_unused_cache_goes_back_to_the_device(
     c = checks.Candidate(
         str(tmp_path / "candidate.py"), checks.Settings(device="cuda", lock_dir=str(lock_dir))
     )
+    torch.cuda.empty_cache()  # what earlier tests in this process left cached is not the stage's
     kept = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     freed = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     del freed

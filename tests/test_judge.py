@@ -21,10 +21,19 @@ from evaluator_cases import TASK, model_new, task
 from opsynth.config import EvalConfig
 from opsynth.evaluator.score import Job, harness_settings, score_of
 from opsynth.evaluator.solution import Solution
+from opsynth.filters import fused_sums
 from opsynth.filters import judge as j
 from opsynth.filters.harness import FILTERS
 from opsynth.filters.samples import task_source
-from opsynth.filters.serve import Refusal, Runner, proof_sum, sample_tensor
+from opsynth.filters.serve import (
+    CHUNK,
+    Refusal,
+    Runner,
+    fused_sums_of,
+    proof_sum,
+    sample_tensor,
+    torch_sums,
+)
 from opsynth.filters.verify import TIMING_IN_VERIFY
 from opsynth.record import Task
 
@@ -433,7 +442,8 @@ SOLUTIONS: dict[str, tuple[str, int, str]] = {
     "fake_sample": (
         model_new(
             f"return {COMPUTE}",
-            header="from opsynth.filters import serve\nserve.sample_tensor = lambda t, seed, k=0: "
+            header="from opsynth.filters import serve\n"
+            "serve.sample_tensor = lambda t, seed, k=0, **kw: "
             "{'dtype': 'float32', 'shape': [64, 256], 'values': [0.0], 'checksums': [0.0] * 4, "
             "'abs_sum': 1.0, 'square_sum': 0.0}\n",
         ),
@@ -679,3 +689,47 @@ def test_verify_samples_inputs_again_only_for_an_output_their_norms_allow() -> N
     assert input_samples(lambda x: x.clone()) == ("trivial_answer", 3)
     reason, count = input_samples(lambda x: torch.tanh(x) * 2.0 + 1.0)
     assert reason != "trivial_answer" and count == 2
+
+
+# ------------------------------------------------------------------------------ fused sums
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_sums_are_the_torch_paths_sums_in_one_pass() -> None:
+    """On a CUDA device a sample's sums come from one kernel (``filters.fused_sums``): its
+    magnitudes are the torch path's, its weighted sums are ``sum(w * v)`` for independent
+    standard normal weights (mean 0, variance ``|v|^2`` over seeds), fixed by the seed, over
+    every chunk and a ragged end, for every dtype and strided views."""
+    device = torch.device("cuda")
+    assert fused_sums.available(device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    y = torch.randn(2 * CHUNK + 5, device=device, generator=generator)
+    fused = fused_sums_of(y, 9, j.CHECKSUMS, magnitudes=True)
+    plain = torch_sums(y, generator, j.CHECKSUMS, magnitudes=True)
+    assert torch.allclose(fused[j.CHECKSUMS :], plain[j.CHECKSUMS :], rtol=1e-9, atol=0.0)
+    assert torch.equal(fused_sums_of(y, 9, j.CHECKSUMS, magnitudes=True), fused)
+    assert not torch.equal(fused_sums_of(y, 10, j.CHECKSUMS, magnitudes=True), fused)
+    assert fused_sums_of(y, 9, 1, magnitudes=False).tolist() == fused[:1].tolist()
+
+    v = torch.randn(4096, device=device, generator=generator)
+    draws = torch.stack([fused_sums_of(v, s, j.CHECKSUMS, magnitudes=False) for s in range(500)])
+    z = draws / v.double().square().sum().sqrt()
+    assert abs(float(z.mean())) < 0.1 and 0.85 < float(z.var()) < 1.15
+    correlation = torch.corrcoef(z.T)  # the four weight streams are independent
+    assert float((correlation - torch.eye(j.CHECKSUMS, device=device)).abs().max()) < 0.2
+
+    x = y[: 3 * fused_sums.BLOCK + 7] * 4
+    for dtype in (torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.bool):
+        t = x.to(dtype)
+        got = fused_sums_of(t, 3, j.CHECKSUMS, magnitudes=True)
+        want = t.float().abs().sum(dtype=torch.float64), t.float().square().sum(dtype=torch.float64)
+        assert torch.allclose(got[j.CHECKSUMS :], torch.stack(want), rtol=1e-9), dtype
+        assert torch.equal(got, fused_sums_of(t.float(), 3, j.CHECKSUMS, magnitudes=True))
+    strided = y[::3]
+    assert torch.equal(
+        fused_sums_of(strided, 5, j.CHECKSUMS, magnitudes=True),
+        fused_sums_of(strided.contiguous(), 5, j.CHECKSUMS, magnitudes=True),
+    )
+    del y, x, strided
+    torch.cuda.empty_cache()

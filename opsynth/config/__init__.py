@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 from opsynth.config.base import (
     ADDED_AT_DEFAULT,
     SPEED_ONLY,
+    SPEED_ONLY_ADDED,
     ConfigError,
     _Section,
     added_with,
@@ -44,6 +45,7 @@ __all__ = [
     "NEIGHBOUR_REASONS",
     "OPS6K_MIX",
     "SPEED_ONLY",
+    "SPEED_ONLY_ADDED",
     "TRANSFORMERS_FAMILIES",
     "ComposeConfig",
     "ConfigError",
@@ -165,7 +167,7 @@ def render_toml(default: RunConfig, header: list[str]) -> str:
             if isinstance(value, BaseModel):
                 continue
             speed = " (speed only: work files are reused across its values)"
-            note = speed if info.json_schema_extra == SPEED_ONLY else ""
+            note = speed if info.json_schema_extra in (SPEED_ONLY, SPEED_ONLY_ADDED) else ""
             if info.description or note:
                 lines.append(f"# {info.description or ''}{note}")
             lines.append(f"{name} = {_toml_value(value)}")

@@ -6,7 +6,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from opsynth.config.base import ADDED_AT_DEFAULT, SPEED_ONLY, _Section, added_with
+from opsynth.config.base import (
+    ADDED_AT_DEFAULT,
+    SPEED_ONLY,
+    SPEED_ONLY_ADDED,
+    _Section,
+    added_with,
+)
 
 # Filter reasons a task can get only because other workers' candidates shared its device (its
 # memory, its CUDA contexts, its time slices): the ones ``filters.retry_alone`` may name. Codes
@@ -80,6 +86,14 @@ class FiltersConfig(_Section):
         "dtype, within compile_atol/rtol) is trivial_answer: a kernel that hands back its "
         "input passes the evaluator; checked in the candidate's degenerate stage and again in "
         "verify. false = not checked, as runs did before (v1.0.0's config pins it)",
+    )
+    fused_sums: bool = Field(
+        json_schema_extra=SPEED_ONLY_ADDED,
+        default=True,
+        description="on a CUDA device, the judge's samples sum each output in one Triton pass "
+        "(filters.fused_sums) instead of some twenty torch passes; the weights come from "
+        "another generator, with the same statistics. false = torch operations, the baseline "
+        "of benchmarks/request_latency.py and timing_cost.py",
     )
     every_output_distinct: bool = Field(
         json_schema_extra=added_with(False),
