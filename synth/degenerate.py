@@ -141,6 +141,10 @@ def check_sample(chain: Chain, cfg: ComposeConfig) -> None:
             second = tensors_in(execute(chain, callables, draws[1]))
             if rel_diff(first, second) <= cfg.distinct_rtol:
                 raise Degenerate("indistinguishable", "two input draws give the same output")
+            if cfg.every_output_distinct and len(first) > 1:
+                for k, (x, y) in enumerate(zip(first, second, strict=True)):
+                    if rel_diff([x], [y]) <= cfg.distinct_rtol:
+                        raise Degenerate("indistinguishable", f"output {k} is the same for both")
             varied = [name for name in draws[0] if name not in fixed]
             for name in varied:
                 if len(varied) == 1:

@@ -205,3 +205,24 @@ def test_the_sample_check_refuses_an_input_handed_back_unless_pinned_off():
         check_sample(chain, ComposeConfig())
     assert caught.value.reason == "trivial" and "input x handed back" in str(caught.value)
     check_sample(chain, ComposeConfig(refuse_input_answer=False))  # as v1.0.0 composed
+
+
+def test_the_sample_check_refuses_an_output_the_same_for_both_draws_unless_pinned_off():
+    """``torch.histogram`` over a fixed range returns its bin edges beside the counts: the
+    counts move with the input, the edges never do."""
+    histogram = CatalogSpec(
+        "torch",
+        "torch.histogram",
+        "function",
+        "torch.histogram",
+        args=(
+            InputSpec("x", (2, 16)),
+            InputSpec("bins", tensor=False, value=4, keyword=True),
+            InputSpec("range", tensor=False, value=(-3.0, 3.0), keyword=True),
+        ),
+    )
+    chain = Chain((Link("h", histogram, None, ("x", None, None)),), batch=2, batch_dims={"x": (0,)})
+    with pytest.raises(Degenerate) as caught:
+        check_sample(chain, ComposeConfig())
+    assert caught.value.reason == "indistinguishable" and "output 1" in str(caught.value)
+    check_sample(chain, ComposeConfig(every_output_distinct=False))  # as v1.0.0 composed

@@ -359,6 +359,14 @@ class ComposeConfig(_Section):
         "(filters.input_as_answer): a lone clone or identity is no kernel to write; false = "
         "what runs composed before (v1.0.0's config pins it)",
     )
+    every_output_distinct: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="on the sample run, a task returning several tensors is refused as "
+        "indistinguishable when any one of them is the same for two input draws, as the filters "
+        "refuse it (filters.every_output_distinct); false = only the outputs together, what runs "
+        "composed before (v1.0.0's config pins it)",
+    )
     max_rms: float = Field(
         default=1e4,
         gt=0,
