@@ -8,10 +8,12 @@ times the memory-bound forward it checks. Here one Triton kernel reads each elem
 draws its four weights in registers (Philox, ``tl.randn4x``, keyed by the sample's seed) and
 keeps all six sums, in float64 per block of elements; torch adds the blocks' partial sums.
 
-The weights differ from the torch path's (another generator), so a device's samples all come
-from one path: every process of a run on a CUDA device takes this one wherever Triton imports,
-and the judge compares only samples made on the same device. Its statistics are the same:
-independent standard normal weights, products in float32, sums in float64.
+The weights differ from the torch path's (another generator), so the samples a judge compares
+all come from one path: every process of a job takes the same one (a filter job's
+``filters.fused_sums`` names it, the evaluator's always takes this one), this one being
+taken on a CUDA device where Triton imports, and the judge compares only samples made on the
+same device. Its statistics are the same: independent standard normal
+weights, products in float32, sums in float64.
 
 Triton's compiled kernel is code a later process loads: it is built by the trusted compile
 layer's warm-up (``filters.compile_cache.warm`` calls ``warm``), not by a candidate, and a
