@@ -39,7 +39,7 @@ from opsynth.filters.failures import DETAIL_LIMIT, Fail, classify, describe
 from opsynth.filters.gpu_sections import compile_locked, gpu_lock
 from opsynth.filters.gpulock import exclusive_s, waited_s
 from opsynth.filters.harness import CODE_FILE, stages_of
-from opsynth.filters.judge import MAX_OUTPUTS
+from opsynth.filters.judge import MAX_OUTPUTS, structure_mismatch
 from opsynth.filters.protocol import INT64
 from opsynth.filters.reasons import STAGES, VERIFY
 from opsynth.filters.serve import Runner, flush_l2
@@ -93,6 +93,8 @@ class Settings:
     nested_inputs: bool = False
     # Whether every output must move for another draw (``filters.every_output_distinct``).
     every_output_distinct: bool = False
+    # Whether every input draw must have the same tensor structure (``filters.stable_inputs``).
+    stable_inputs: bool = False
     # Whether a sample's sums take one pass on a CUDA device (``filters.fused_sums``).
     fused_sums: bool = True
 
@@ -475,6 +477,14 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
             )
 
     draws = [c.inputs] + [c.draw(i) for i in range(1, c.s.input_draws)]
+    if c.s.stable_inputs:
+        for i, draw in enumerate(draws[1:], start=1):
+            tensors = [
+                [x for x in _inputs(c, d) if isinstance(x, torch.Tensor)] for d in (None, draw)
+            ]
+            why = structure_mismatch(*tensors, what="input tensor")
+            if why:
+                raise Fail("unstable_inputs", f"input draws 0 and {i}: {why}", draws=[0, i])
     outputs = [c.outputs] + [c.forward(d) for d in draws[1:]]
     pairwise = []
     for i in range(len(outputs)):

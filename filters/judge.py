@@ -25,7 +25,7 @@ import select
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 POLL_S = 0.02
 # The reason code of a passed row (``filters.reasons.OK``), which no failure may carry.
@@ -250,13 +250,27 @@ def _number(value: Any) -> float:
         raise TypeError("an integer too large for a number") from None
 
 
-def structure_mismatch(expected: Sequence[Output], got: Sequence[Output]) -> str:
-    """Why ``got`` is not shaped like ``expected`` ("" when it is)."""
+class Shaped(Protocol):
+    """What ``structure_mismatch`` reads: an ``Output``, or a tensor in the candidate's own
+    checks."""
+
+    @property
+    def dtype(self) -> Any: ...
+
+    @property
+    def shape(self) -> Any: ...
+
+
+def structure_mismatch(
+    expected: Sequence[Shaped], got: Sequence[Shaped], what: str = "output"
+) -> str:
+    """Why ``got`` is not shaped like ``expected`` ("" when it is); ``what`` names the
+    tensors compared (outputs, or input tensors)."""
     if len(expected) != len(got):
-        return f"{len(got)} outputs, expected {len(expected)}"
+        return f"{len(got)} {what}s, expected {len(expected)}"
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         if (e.dtype, e.shape) != (g.dtype, g.shape):
-            return f"output {i} is {g.dtype}{list(g.shape)}, expected {e.dtype}{list(e.shape)}"
+            return f"{what} {i} is {g.dtype}{list(g.shape)}, expected {e.dtype}{list(e.shape)}"
     return ""
 
 

@@ -15,6 +15,7 @@ from opsynth.filters import privilege, reasons, sandbox
 from opsynth.filters.verify import (
     EVERY_OUTPUT_DISTINCT,
     INPUT_AS_ANSWER,
+    STABLE_INPUTS,
     TIMED_SAMPLE_POSITIONS,
     TIMING_IN_VERIFY,
     VERIFY_EVERY_DEGENERATE_CHECK,
@@ -158,6 +159,7 @@ def check_settings(
         INPUT_AS_ANSWER: cfg.input_as_answer,
         "nested_inputs": cfg.nested_inputs,
         EVERY_OUTPUT_DISTINCT: cfg.every_output_distinct,
+        STABLE_INPUTS: cfg.stable_inputs,
         "fused_sums": cfg.fused_sums,
         TIMED_SAMPLE_POSITIONS: cfg.timed_sample_positions,
     }

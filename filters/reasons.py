@@ -39,6 +39,7 @@ DEGENERATE: dict[str, str] = {
     "trivial_answer": "zeros, the output's mean or an input tensor passes the evaluator's allclose",
     "indistinguishable": "independent input draws give outputs within distinct_rtol",
     "input_ignored": "changing one input tensor does not change the output",
+    "unstable_inputs": "input draws differ in their tensors' count, shapes or dtypes",
 }
 
 RUNTIME: dict[str, str] = {

@@ -171,6 +171,18 @@ SAMPLES: tuple[Sample, ...] = (
         "input_ignored",
     ),
     Sample(
+        # an ignored input whose length is drawn anew each time: no other draw's tensor of
+        # its shape to swap in, so input_ignored could not vary it
+        "ignores_input_of_drawn_shape",
+        task_source(
+            "return x * 2.0",
+            signature="x, y",
+            inputs="[torch.randn(64, 64), torch.randn(int(torch.randint(1, 1 << 16, ())))]",
+        ),
+        "degenerate",
+        "unstable_inputs",
+    ),
+    Sample(
         "compile_only_branch",
         task_source(_compile_branch("x * 2.0 + 1.0", "x * 2.0")),
         "compile",

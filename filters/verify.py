@@ -8,7 +8,8 @@ it rejects outputs that are empty or not finite, inputs changed in place by the 
 (``input_mutated``), outputs that are constant, zeros (``trivial_answer``), different on a
 repeat (``nondeterministic``) or under another RNG state (``random``), the same for another
 input draw, together or (``filters.every_output_distinct``) any one of them
-(``indistinguishable``), compiled outputs off eager (``compile_mismatch``), and an eager
+(``indistinguishable``), input draws of another structure (``filters.stable_inputs``:
+``unstable_inputs``), compiled outputs off eager (``compile_mismatch``), and an eager
 forward outside the runtime window by this process's clock (``too_fast``/``too_slow``).
 
 What it cannot see: the values a candidate hands over are what its process computed under
@@ -57,6 +58,9 @@ INPUT_AS_ANSWER = "input_as_answer"
 # The job setting that asks every output, not only the outputs together, to move for another
 # input draw (``filters.every_output_distinct``); the candidate's own check reads the same key.
 EVERY_OUTPUT_DISTINCT = "every_output_distinct"
+# The job setting that asks every input draw for the same tensor structure
+# (``filters.stable_inputs``); the candidate's own check reads the same key.
+STABLE_INPUTS = "stable_inputs"
 # Forward RNG states: the candidate's own checks use the same two.
 RNG, OTHER_RNG = 2000, 2001
 
@@ -130,6 +134,11 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     if why:
         return "random", f"another RNG state: {why}", measures
     peer.request("draw", seed=second)
+    others = inputs(positions) if every_check or s.get(STABLE_INPUTS) else []
+    if s.get(STABLE_INPUTS):
+        why = j.structure_mismatch(given, others, what="input tensor")
+        if why:
+            return "unstable_inputs", f"another input draw: {why}", measures
     other = outputs()
     moved = j.rel_diff(base, other)
     measures["rel_diff"] = j.finite(moved)
@@ -143,7 +152,6 @@ def verify(peer: j.Peer, s: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
             detail = f"another input draw changes output {index} by only {least:.3g}"
             return "indistinguishable", detail, {**measures, "output": index}
     if every_check:
-        others = inputs(positions)
         ignored = _ignored_input(peer, base, given, others, (first, second), outputs, distinct)
         if ignored is not None:
             k, d = ignored

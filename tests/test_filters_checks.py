@@ -20,7 +20,11 @@ from opsynth.filters import candidate_load, checks, failures, gpu_sections, reas
 from opsynth.filters.pool import WorkerPool, job_stages
 from opsynth.filters.samples import GOOD, SAMPLES, Sample, task_source
 from opsynth.filters.smoke import run_smoke
-from opsynth.filters.verify import EVERY_OUTPUT_DISTINCT, VERIFY_EVERY_DEGENERATE_CHECK
+from opsynth.filters.verify import (
+    EVERY_OUTPUT_DISTINCT,
+    STABLE_INPUTS,
+    VERIFY_EVERY_DEGENERATE_CHECK,
+)
 from opsynth.record import Task, Verdict
 
 # Generous limits: the suite must pass on a loaded two-core machine, and the first
@@ -114,6 +118,18 @@ def test_before_the_setting_one_constant_output_passed(sample_pool: WorkerPool) 
     overrides = {**NO_OWN_DEGENERATE, EVERY_OUTPUT_DISTINCT: False}
     [verdicts] = _verdicts(sample_pool, [sample], overrides).values()
     assert (verdicts[-1].stage, verdicts[-1].reason) == ("verify", "ok"), verdicts[-1].detail
+
+
+def test_before_the_setting_an_ignored_input_of_drawn_shape_passed(
+    sample_pool: WorkerPool,
+) -> None:
+    """What runs made before ``stable_inputs`` (pinned false by v1.0.0) did: an input whose
+    shape changes between draws is never swapped for another draw's, so ignoring it passes,
+    in the candidate's own stage and in ``verify``."""
+    [sample] = [s for s in SAMPLES if s.name == "ignores_input_of_drawn_shape"]
+    for overrides in ({STABLE_INPUTS: False}, {**NO_OWN_DEGENERATE, STABLE_INPUTS: False}):
+        [verdicts] = _verdicts(sample_pool, [sample], overrides).values()
+        assert (verdicts[-1].stage, verdicts[-1].reason) == ("verify", "ok"), verdicts[-1].detail
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.name)

@@ -26,7 +26,8 @@ def test_release_config_asks_for_ops6k() -> None:
 def test_recheck_config_differs_from_the_run_only_where_it_says() -> None:
     """The re-check filters as the run did but for today's filters (``verify`` decides every
     degenerate fact and the runtime window, with a small sample after each timed run; an input
-    handed back is a trivial answer; every output must move for another draw) and the
+    handed back is a trivial answer; every output must move for another draw; every draw has
+    one tensor structure) and the
     runtime window widened by the share ``verify`` allows."""
     run = load_config(RELEASE / "config.toml").filters.model_dump()
     recheck = load_config(RELEASE / "recheck.toml").filters.model_dump()
@@ -38,6 +39,7 @@ def test_recheck_config_differs_from_the_run_only_where_it_says() -> None:
         "input_as_answer",
         "nested_inputs",
         "every_output_distinct",
+        "stable_inputs",
     }
     assert changed == {*today, "window_ms_cuda"}
     defaults = FiltersConfig().model_dump()

@@ -104,6 +104,16 @@ class FiltersConfig(_Section):
         "again in verify. false = only the outputs together, as runs did before (v1.0.0's "
         "config pins it)",
     )
+    stable_inputs: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="every input draw must hold the same number of input tensors, of the "
+        "same shapes and dtypes (unstable_inputs): an input whose shape changes between draws "
+        "cannot be swapped for another draw's to see whether it moves the output, so an "
+        "ignored one passed, and a task whose sizes are drawn at random has no fixed size to "
+        "time; checked in the candidate's degenerate stage and again in verify. false = not "
+        "checked, as runs did before (v1.0.0's config pins it)",
+    )
     nested_inputs: bool = Field(
         json_schema_extra=added_with(False),
         default=True,
