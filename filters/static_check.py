@@ -2,7 +2,8 @@
 
 It rejects sources that cannot be a KernelBench task (no parse, missing ``Model`` /
 ``get_inputs`` / ``get_init_inputs``) and sources that reach for things a PyTorch operator
-task never needs (files, processes, sockets, introspection escapes). It never executes the
+task never needs (files, processes, sockets, introspection escapes, their own random
+generator's state). It never executes the
 code. It judges names by what they resolve to in the AST (import aliases, attribute chains,
 bindings), not by text: ``torch.os``, ``getattr`` with a computed name, a parameter that
 shadows ``open`` are all refused. A name resolves only while it is spelled out, so a module,
@@ -103,6 +104,28 @@ FORBIDDEN_TORCH_CALLS = frozenset(
         "torch.UntypedStorage.from_file",
         "torch.TypedStorage.from_file",
         "torch.Storage.from_file",
+    }
+)
+
+# What seeds, builds or restores one of torch's random generators, by the last part of its
+# dotted name under torch (``torch.manual_seed``, ``torch.cuda.manual_seed_all``,
+# ``torch.random.fork_rng``, ``torch.Generator``). A task that seeds its own generator gives
+# the same output under every RNG state the checks set, so a dropout mask passes as
+# deterministic, and seeded from its input it is pseudo-random output keyed on the input:
+# either way, its output is the generator's stream, which no kernel can be asked to
+# reproduce. Neither KernelBench nor Ops-6K does it.
+RNG_STATE_NAMES = frozenset(
+    {
+        "manual_seed",
+        "manual_seed_all",
+        "seed",
+        "seed_all",
+        "set_rng_state",
+        "set_rng_state_all",
+        "fork_rng",
+        "Generator",
+        "default_generator",
+        "default_generators",
     }
 )
 
@@ -242,7 +265,7 @@ def _import_problem(
             module and _under(module, FORBIDDEN_TORCH_MODULES)
         ):
             return drop("forbidden_import", f"line {node.lineno}: import of {full!r}")
-        if _under(full, FORBIDDEN_TORCH_CALLS):
+        if _under(full, FORBIDDEN_TORCH_CALLS) or _rng_state(full):
             return drop("forbidden_call", f"line {node.lineno}: import of {full!r}")
     return None
 
@@ -366,7 +389,18 @@ def _is_module(dotted: str) -> bool:
 
 
 def _forbidden_dotted(dotted: str) -> bool:
-    return _under(dotted, FORBIDDEN_TORCH_CALLS) or _under(dotted, FORBIDDEN_TORCH_MODULES)
+    return (
+        _under(dotted, FORBIDDEN_TORCH_CALLS)
+        or _under(dotted, FORBIDDEN_TORCH_MODULES)
+        or _rng_state(dotted)
+    )
+
+
+def _rng_state(dotted: str) -> bool:
+    """Whether ``dotted`` names something that seeds, builds or restores a torch generator
+    (``RNG_STATE_NAMES``)."""
+    parts = dotted.split(".")
+    return parts[0] == "torch" and any(part in RNG_STATE_NAMES for part in parts[1:])
 
 
 def _under(name: str, prefixes: frozenset[str]) -> bool:
