@@ -2,16 +2,16 @@
 
 It rejects sources that cannot be a KernelBench task (no parse, missing ``Model`` /
 ``get_inputs`` / ``get_init_inputs``) and sources that reach for things a PyTorch operator
-task never needs (files, processes, sockets, introspection escapes, their own random
-generator's state). It never executes the
-code. It judges names by what they resolve to in the AST (import aliases, attribute chains,
-bindings), not by text: ``torch.os``, ``getattr`` with a computed name, a parameter that
-shadows ``open`` are all refused. A name resolves only while it is spelled out, so a module,
-or ``getattr``, may not be used as a value (``T = torch``, ``g = getattr``, ``f(torch)``):
-through an alias, ``T._C`` would be a name the check cannot read. Whether a dotted name is a
-module is looked up in the installed library, never in the candidate's code. What slips past
-it is still contained by the sandbox, which is the real defence; this check exists so that
-the obvious cases are cheap, explainable rejections instead of sandbox kills.
+task never needs (files, processes, sockets, introspection escapes, a random generator's
+state). It never executes the code. It judges names by what they resolve to in the AST
+(import aliases, attribute chains, bindings), not by text: ``torch.os``, ``getattr`` with a
+computed name, a parameter that shadows ``open`` are all refused. A name resolves only while
+it is spelled out, so a module, or ``getattr``, may not be used as a value (``T = torch``,
+``g = getattr``, ``f(torch)``): through an alias, ``T._C`` would be a name the check cannot
+read. Whether a dotted name is a module is looked up in the installed library, never in the
+candidate's code. What slips past it is still contained by the sandbox, which is the real
+defence; this check exists so that the obvious cases are cheap, explainable rejections
+instead of sandbox kills.
 """
 
 from __future__ import annotations
