@@ -180,6 +180,21 @@ def forgeries() -> list[Hostile]:
             stage="verify",
         ),
         Hostile(
+            # an ignored input drawn at another length each time, its own structure check
+            # patched away: no draw's tensor of its shape to swap in, so only the structure
+            # of verify's draws shows it
+            "drawn_shape_input_behind_patched_checks",
+            t(
+                "return x * 2.0",
+                header=PATCH_CHECKS + "checks = sys.modules['opsynth.filters.checks']\n"
+                "checks.structure_mismatch = lambda *a, **k: ''\n",
+                signature="x, y",
+                inputs="[torch.randn(64, 64), torch.randn(int(torch.randint(1, 1 << 16, ())))]",
+            ),
+            "unstable_inputs",
+            stage="verify",
+        ),
+        Hostile(
             "mean_answer_behind_patched_checks",
             t(
                 "return x * 1e-3 + 5.0",
