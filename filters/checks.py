@@ -478,11 +478,10 @@ def stage_degenerate(c: Candidate) -> dict[str, Any]:
 
     draws = [c.inputs] + [c.draw(i) for i in range(1, c.s.input_draws)]
     if c.s.stable_inputs:
+        first = input_tensors(c.inputs, c.s.nested_inputs)
         for i, draw in enumerate(draws[1:], start=1):
-            tensors = [
-                [x for x in _inputs(c, d) if isinstance(x, torch.Tensor)] for d in (None, draw)
-            ]
-            why = structure_mismatch(*tensors, what="input tensor")
+            later = input_tensors(draw, c.s.nested_inputs)
+            why = structure_mismatch(first, later, what="input tensor")
             if why:
                 raise Fail("unstable_inputs", f"input draws 0 and {i}: {why}", draws=[0, i])
     outputs = [c.outputs] + [c.forward(d) for d in draws[1:]]
