@@ -44,7 +44,7 @@ from opsynth.filters.protocol import INT64
 from opsynth.filters.reasons import STAGES, VERIFY
 from opsynth.filters.serve import Runner, flush_l2
 from opsynth.filters.size_inline import size_here
-from opsynth.filters.sizing import Probe, measured
+from opsynth.filters.sizing import Probe, chosen_too_fast, measured
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -122,9 +122,13 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
     """Run every stage on the candidate at ``code_path``; report through ``emit``. When
     every stage passed and the job goes on to the judge's ``verify``, returns the request
     handlers and the failure classifier it serves the judge with (``filters.serve``)."""
-    sizing = None
+    sizing, too_fast = None, ""
     if settings.get("sizing"):  # size first, in this process (filters.size_inline)
         sizing = size_here(code_path, settings, probe)
+        # a size the search could not grow into the window is not filtered: the orchestrator
+        # rejects it from the claim (its sizing stage), so this process stops here
+        below_ms = settings["sizing"].get("too_fast_below_ms", 0.0)
+        too_fast = chosen_too_fast(sizing, below_ms) if sizing else ""
     cand = Candidate(code_path, Settings.from_dict(settings))
     stage_functions: dict[str, Callable[[Candidate], dict[str, Any]]] = {
         "eager": stage_eager,
@@ -142,6 +146,8 @@ def run_candidate(code_path: str, settings: dict[str, Any], emit: Emit) -> Any:
         try:
             if sizing is not None and sizing.get("poisoned"):
                 raise Fail("cuda_error", "a sizing probe poisoned this process's CUDA context")
+            if too_fast:
+                raise Fail("too_fast", too_fast)
             row = _row(name, True, "ok", "", stage_functions[name](cand))
         except Fail as fail:
             row = _row(name, False, fail.reason, fail.detail, fail.measures)

@@ -130,6 +130,28 @@ def target_ms(window: tuple[float, float]) -> float:
     return math.sqrt(max(lo, hi * 1e-4) * hi)
 
 
+def chosen_too_fast(record: Mapping[str, Any], below_ms: float) -> str:
+    """Why a sized task is ``too_fast`` without its filters (``sizing.too_fast_share``): its
+    chosen size's probe read below ``below_ms``, so the search could not grow it into the
+    window and the filters would time it below the edge again. "" when the probe read more,
+    when no probe of the chosen size has a reading, or when the rule is off (0). ``record`` is
+    a sizing record or an inline claim: both hold ``steps`` and ``chosen``."""
+    chosen = record.get("chosen")
+    steps = record.get("steps")
+    if below_ms <= 0 or chosen is None or not isinstance(steps, list):
+        return ""
+    for step in steps:
+        if not isinstance(step, dict) or step.get("value") != chosen:
+            continue
+        ms = step.get("ms")
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 < ms < below_ms:
+            return (
+                f"the sizing probe at the chosen size ({chosen}) read {ms:.4g} ms "
+                f"< {below_ms:.4g} ms; the search could not grow it into the window"
+            )
+    return ""
+
+
 class Rule(Protocol):
     """The settings a search follows: ``opsynth.config.SizingConfig`` on the orchestrator,
     ``RuleSettings`` from a job's JSON in the sandbox."""
@@ -173,6 +195,8 @@ def inline_settings(cfg: Any, window: tuple[float, float]) -> dict[str, Any]:
         "warmup_runs": cfg.probe_warmup_runs,
         "timed_runs": cfg.probe_timed_runs,
     }
+    if cfg.too_fast_share * window[0] > 0:  # named only when on: else a job's key is as before
+        spec["too_fast_below_ms"] = cfg.too_fast_share * window[0]
     # named only when off: a job's key (its settings) is then what it was before the setting
     return spec if cfg.probe_exclusive else {**spec, "exclusive": False}
 

@@ -338,6 +338,7 @@ class _Pipeline:
         *,
         latency: JobLatency,
     ) -> None:
+        from opsynth.filters.sized_too_fast import sized_checks
         from opsynth.filters.sizing import Sizer
 
         self.pool, self.chunk, self.progress = pool, chunk, progress
@@ -364,6 +365,10 @@ class _Pipeline:
         self.retried = set(cfg.filters.retry_alone)
         self.measure_overrides = probe_overrides(cfg)
         self.prefilters = prefilters(cfg)
+        # a sized task's own checks, on its sizing record (filters.sized_too_fast)
+        self.sized_checks = (
+            sized_checks(cfg.sizing.too_fast_share, self.window) if cfg.sizing.enabled else []
+        )
         self.queue: deque[_Pending] = deque()
         self.deferred: list[_Pending] = []  # finished with a retry_alone reason, not retried yet
         # candidates waiting for their first job (a probe, or their filtering if not sized)
@@ -519,7 +524,8 @@ class _Pipeline:
     def _place(self, at: int, sized: Task) -> None:
         """Sizing of candidate ``at`` is done: its chosen variant, unless another candidate
         holds that code (the run's others, or this chunk's earlier ones: then the later one
-        goes back to its composed task), prefiltered if new, then filtered in the sandbox."""
+        goes back to its composed task), prefiltered if new and checked on its sizing record
+        (``filters.sized_too_fast``), then filtered in the sandbox."""
         original = self.chunk.final[at]
         holder = self.claims.get(sized.id)
         if sized.id == original.id:
@@ -533,6 +539,10 @@ class _Pipeline:
             self.originals[at] = original
             self.chunk.final[at] = sized
             self.chunk.pre[at] = apply_filters([sized], self.prefilters).verdicts
+        task = self.chunk.final[at]
+        if self.sized_checks and "sizing" in task.meta and _passed(self.chunk.pre[at]):
+            checked = apply_filters([task], self.sized_checks).verdicts
+            self.chunk.pre[at] = self.chunk.pre[at] + checked
         self._filter(at)
 
     def _keep_composed(self, at: int) -> None:

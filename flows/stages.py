@@ -398,12 +398,19 @@ def screen(
     ledger: WorkLedger,
     progress: Progress,
 ) -> list[Verdict]:
-    """Every candidate through static checks, decontamination and the sandboxed filters:
+    """Every candidate through static checks, decontamination, the checks on its sizing
+    record when this run sized it (``filters.sized_too_fast``) and the sandboxed filters:
     shards one after another on the in-process pool (``runner.kind`` local), else all at once
     on the flow's task runner."""
+    from opsynth.filters.sized_too_fast import sized_checks
+
     verdicts = prefilter_stage(run, cfg, tasks, ledger)
     by_task = group_by_task(verdicts)
     survivors = [t for t in tasks if passed_all(t.id, by_task)]
+    if cfg.sizing.enabled:
+        window = cfg.filters.window_ms(device)
+        checked = apply_filters(survivors, sized_checks(cfg.sizing.too_fast_share, window))
+        verdicts, survivors = verdicts + checked.verdicts, checked.kept
     size = cfg.filters.shard_size
     shards = [survivors[start : start + size] for start in range(0, len(survivors), size)]
     if cfg.runner.kind != "local":

@@ -13,6 +13,7 @@ STAGE_ORDER = [
     "compose",
     "static",
     "decontam",
+    "sizing",  # a sized task's probe at its chosen size (filters.sized_too_fast)
     "eager",
     "randomness",
     "degenerate",

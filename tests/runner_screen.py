@@ -161,6 +161,7 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
                 "jobs": pool.pool.stats["candidates"] - jobs,
                 "seconds": round(time.perf_counter() - started, 1),
             }
+        result["too_fast"] = too_fast(out, cfg, pool, progress)
         result["resumed"] = resumed(out, cfg, chunk, progress)
         result["retried"] = retried_together(out, cfg, progress)
         result["ahead"] = ahead_of_time(out, cfg, pool, progress)
@@ -168,6 +169,42 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
     finally:
         pool.close()
     return result
+
+
+def too_fast(out: str, cfg: RunConfig, pool, progress) -> dict:
+    """The sizable tasks under a window whose lower edge (1 s) no size up to ``max_value``
+    reaches, through the two-stage, the pipelined and the inline path: per path, every task's
+    verdict rows (stage, passed, reason) and the jobs the pool ran."""
+    from opsynth.flows.regenerate import size_and_filter
+    from opsynth.flows.stages import WorkLedger
+    from opsynth.store import RunDir
+    from opsynth.verdicts import group_by_task
+
+    chunk = sizable()[:3]
+    cfg = cfg.with_section("filters", window_ms_cpu=(1000.0, 2000.0))
+    found: dict = {}
+    paths = (("two_stage", False, False), ("pipelined", True, False), ("inline", True, True))
+    for path, pipelined, inline in paths:
+        run_cfg = cfg.with_section("sizing", pipelined=pipelined, inline=inline)
+        jobs = pool.pool.stats["candidates"] if pool.pool else 0
+        final, _, verdicts = size_and_filter(
+            RunDir.create(Path(out) / f"too_fast_{path}"),
+            run_cfg,
+            chunk,
+            "cpu",
+            pool,
+            WorkLedger(),
+            progress,
+            list(chunk),
+            [],
+        )
+        rows = group_by_task(verdicts)
+        found[path] = {
+            "verdicts": [[(v.stage, v.passed, v.reason) for v in rows[t.id]] for t in final],
+            "details": [rows[t.id][-1].detail for t in final],
+            "jobs": pool.pool.stats["candidates"] - jobs,
+        }
+    return found
 
 
 def ahead_of_time(out: str, cfg: RunConfig, pool, progress) -> dict:

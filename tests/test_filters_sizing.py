@@ -484,3 +484,76 @@ def test_under_the_memory_cap_a_task_takes_the_one_and_a_half_rung() -> None:
     # and a candidate's own process may claim that rung
     rung = claimed(task(8), {"chosen": 48, "steps": steps((8, 0.1), (48, 9.0))}, "cpu", WINDOW, CFG)
     assert rung.meta["sizing"]["chosen"] == 48
+
+
+def test_a_size_the_search_could_not_grow_into_the_window_is_too_fast_unfiltered() -> None:
+    """``sizing.too_fast_share``: a task whose probe at its chosen size read below that share
+    of the window's lower edge is ``too_fast`` at stage ``sizing``, from its record; one the
+    search grew into the window, one whose chosen probe has no reading, and one without a
+    size constant pass, and the rule is off at 0."""
+    from opsynth.filters.sized_too_fast import SizedTooFast, sized_checks
+
+    capped = CFG.model_copy(update={"max_value": 64})
+    measure, _ = linear_device(per_row_ms=0.001)  # 64 rows: 0.074 ms < 0.8 ms
+    [short] = size_tasks([task(8)], measure, WINDOW, capped)
+    [grown] = size_tasks([task(8)], measure, WINDOW, CFG)
+    [check] = sized_checks(CFG.too_fast_share, WINDOW)
+    assert check.below_ms == pytest.approx(0.8)
+    dropped = check.filter(short)
+    assert (dropped.keep, dropped.reason) == (False, "too_fast")
+    assert "chosen size (64)" in dropped.detail and "0.074 ms < 0.8 ms" in dropped.detail
+    assert check.filter(grown).keep, grown.meta["sizing"]
+    assert sized_checks(0.0, WINDOW) == []
+    # right at the share: not below it
+    edge = {"chosen": 8, "steps": steps((4, 0.1), (8, 0.8))}
+    assert (
+        SizedTooFast(0.8)
+        .filter(Task(ops=["t"], data_source="x", code="", meta={"sizing": edge}))
+        .keep
+    )
+    # the chosen size failed to run, or the task has no size constant
+    failed = {"chosen": 4, "steps": steps((4, None))}
+    for record in (failed, {"chosen": None, "steps": [], "note": "no batch_size constant"}):
+        assert check.filter(Task(ops=["t"], data_source="x", code="", meta={"sizing": record})).keep
+    assert check.filter(task(8)).keep  # never sized
+    # the claim's own fields, however malformed, reject nothing they do not show
+    for claim in ({"chosen": 8, "steps": "x"}, {"chosen": 8, "steps": [3, {"value": 8}]}):
+        assert check.filter(Task(ops=["t"], data_source="x", code="", meta={"sizing": claim})).keep
+
+
+def test_the_too_fast_share_reaches_inline_jobs_only_when_on() -> None:
+    """On, an inline job's sizing spec names the bound its process stops at; at 0, the spec,
+    and so the job's key, and the config's work dump are what they were before the setting."""
+    from opsynth.config import RunConfig
+
+    assert inline_settings_for(CFG)["sizing"]["too_fast_below_ms"] == pytest.approx(0.8)
+    off = CFG.model_copy(update={"too_fast_share": 0.0})
+    assert "too_fast_below_ms" not in inline_settings_for(off)["sizing"]
+    assert "too_fast_share" not in RunConfig(sizing=off).sizing.work_dump()
+    assert RunConfig().sizing.work_dump()["too_fast_share"] == 0.8
+
+
+def test_an_inline_candidate_too_fast_at_its_chosen_size_stops_before_its_stages(
+    tmp_path: Path,
+) -> None:
+    """Its process sizes it, applies the same rule and reports one failing row, carrying the
+    claim, instead of running its stages; with the rule off it runs them."""
+    from opsynth.filters.checks import run_candidate
+
+    capped = CFG.model_copy(update={"max_value": 16})
+    path = tmp_path / "candidate.py"
+    for share, expected in ((0.8, ["too_fast"]), (0.0, None)):
+        path.write_text(ELEMENTWISE.format(batch=8))
+        cfg = capped.model_copy(update={"too_fast_share": share})
+        settings = inline_settings_for(cfg, (1e3, 1e5))  # a 1 s edge: 16 rows read far below
+        settings["stages"] = ["eager", "randomness"]
+        events: list[dict] = []
+        run_candidate(str(path), settings, events.append)
+        rows = [e["verdict"] for e in events if e["event"] == "verdict"]
+        assert rows[0]["measures"]["sizing"]["chosen"] == 16
+        if expected:
+            assert [r["reason"] for r in rows] == expected
+            assert "sizing probe at the chosen size (16)" in rows[0]["detail"]
+        else:
+            assert [r["stage"] for r in rows] == ["eager", "randomness"]
+            assert all(r["passed"] for r in rows), rows

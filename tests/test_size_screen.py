@@ -201,3 +201,17 @@ def test_a_chunks_oom_jobs_are_retried_together_after_the_rest(paths: dict) -> N
     assert retried["late_stopped"].endswith(", 1 jobs not retried"), retried
     assert not set(ooms) & set(retried["late_journaled"]), retried
     assert set(retried["late_journaled"]) <= set(others), retried
+
+
+def test_a_size_too_fast_for_the_window_is_rejected_alike_before_its_filters(paths) -> None:
+    """``sizing.too_fast_share``: tasks that max_value keeps far below the window's lower edge
+    are ``too_fast`` at stage ``sizing`` on every path, with no filter job run for them; the
+    inline path's job per candidate stopped at its claim."""
+    found = paths["too_fast"]
+    two, piped, inline = found["two_stage"], found["pipelined"], found["inline"]
+    expected = [("static", True, "ok"), ("decontam", True, "ok"), ("sizing", False, "too_fast")]
+    for path in (two, piped, inline):
+        assert [[tuple(r) for r in rows] for rows in path["verdicts"]] == [expected] * 3, path
+        assert all("sizing probe at the chosen size (256)" in d for d in path["details"]), path
+    assert two["jobs"] == piped["jobs"] == 6, (two, piped)  # two probes each (4 -> 256)
+    assert inline["jobs"] == 3, inline  # one inline job each

@@ -402,3 +402,14 @@ class SizingConfig(_Section):
         gt=0,
         description="wall clock added to filters.task_timeout_s for a job that sizes inline",
     )
+    too_fast_share: float = Field(
+        json_schema_extra=added_with(0.0),
+        default=0.8,
+        ge=0,
+        lt=1,
+        description="a candidate whose sizing probe at the chosen size read below this share "
+        "of the runtime window's lower edge is too_fast at stage sizing, and never filtered: "
+        "the search could not grow it into the window (memory cap, max_value or its steps), "
+        "and its filters would time it below the edge again. The share leaves room for a "
+        "probe's few timed runs to read low; 0 = every sized candidate is filtered",
+    )
