@@ -34,6 +34,7 @@ from opsynth.synth.chain import (
 )
 from opsynth.synth.cost import Cost, cost_of, counting, total
 from opsynth.synth.degenerate import Degenerate, is_dropout
+from opsynth.synth.sorting import stable_sort
 
 # Sample batches: the chain is solved at SOLVE_BATCH and replayed at REPLAY_BATCH; the dims
 # that differ are the batch. Rank-1 inputs are all batch, so theirs are longer.
@@ -312,7 +313,8 @@ class Solver:
             if len(self._rebinds) > 50_000:
                 self._rebinds.clear()
             self._rebinds[key] = rebind(seed.spec, shape, self.cfg.rebind_limit)
-        return self._rebinds[key]
+        found = self._rebinds[key]  # shared by every config: settings apply after it
+        return [stable_sort(spec) for spec in found] if self.cfg.stable_sort else found
 
     def solve(self, seeds: Sequence[Seed], rank: int) -> Chain:
         """The chain of exactly ``seeds``, or Degenerate."""

@@ -631,3 +631,58 @@ def test_a_tensor_built_from_a_literal_is_built_where_the_call_runs():
         for task in with_op:
             assert "torch.linspace(-2, 2, 9, device=x.device)" in task.code, task.code
             run_task(task)
+
+
+@pytest.mark.parametrize("op", ["torch.argsort", "torch.sort"])
+def test_a_sort_is_composed_stable_so_ties_have_one_order(op):
+    """``compose.stable_sort``: every sort call passes ``stable=True`` (and its literals by
+    keyword, as the flag requires beside ``dim``), and runs; ties then sort in input order.
+    Off, the call is the catalogue's."""
+    from opsynth.synth.catalog.extract import seeds_in_process
+
+    seeds = seeds_in_process([op, "torch.relu"])
+    stable = [t for t in seeds if t.ops == [op]]
+    for setting, expected in ((True, 1), (False, 0)):
+        cfg = only(seeds, op, "torch.relu", mix={"torch#2": 1.0}, stable_sort=setting)
+        tasks = [t for t in compose(seeds, cfg, n=4) if op in t.ops]
+        assert tasks and stable
+        for task in tasks:
+            calls = [
+                node
+                for node in ast.walk(ast.parse(task.code))
+                if isinstance(node, ast.Call) and ast.unparse(node.func) == op
+            ]
+            assert calls, task.code
+            for call in calls:
+                flags = [k.value.value for k in call.keywords if k.arg == "stable"]
+                assert flags == [True] * expected, task.code
+                assert len(call.args) == 1 or not expected, task.code  # literals by keyword
+            run_task(task)
+    # a tie broken by position: relu's zeros keep their input order
+    x = torch.tensor([[0.0, -1.0, 2.0, -3.0, 0.0]])
+    assert torch.argsort(torch.relu(x), dim=1, stable=True).tolist() == [[0, 1, 3, 4, 2]]
+
+
+def test_stable_sort_rewrites_only_sorts_it_can_name():
+    from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
+    from opsynth.synth.sorting import stable_sort
+
+    x = InputSpec("x", (4, 8))
+    dim = InputSpec("dim", tensor=False, value=1)
+    off = InputSpec("stable", tensor=False, value=False, keyword=True)
+    spec = CatalogSpec("torch", "torch.argsort", "function", "torch.argsort", args=(x, dim, off))
+    args = stable_sort(spec).args
+    assert [(a.name, a.value, a.keyword) for a in args[1:]] == [
+        ("dim", 1, True),
+        ("stable", True, True),
+    ]
+    odd = CatalogSpec(
+        "torch",
+        "torch.sort",
+        "function",
+        "torch.sort",
+        args=(x, InputSpec("k", tensor=False, value=2)),
+    )
+    assert stable_sort(odd) == odd
+    other = CatalogSpec("torch", "torch.cumsum", "function", "torch.cumsum", args=(x, dim))
+    assert stable_sort(other) == other

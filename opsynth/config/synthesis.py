@@ -367,6 +367,14 @@ class ComposeConfig(_Section):
         "refuse it (filters.every_output_distinct); false = only the outputs together, what runs "
         "composed before (v1.0.0's config pins it)",
     )
+    stable_sort: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="torch.sort and torch.argsort are composed with stable=True: at the "
+        "filters' sizes rows hold tied values, whose unstable order eager and torch.compile "
+        "choose differently (compile_mismatch, whatever a kernel would do); false = the "
+        "call as the catalogue has it, what runs composed before (v1.0.0's config pins it)",
+    )
     max_rms: float = Field(
         default=1e4,
         gt=0,
