@@ -545,15 +545,17 @@ def test_an_inline_candidate_too_fast_at_its_chosen_size_stops_before_its_stages
     for share, expected in ((0.8, ["too_fast"]), (0.0, None)):
         path.write_text(ELEMENTWISE.format(batch=8))
         cfg = capped.model_copy(update={"too_fast_share": share})
-        settings = inline_settings_for(cfg, (1e3, 1e5))  # a 1 s edge: 16 rows read far below
+        settings = inline_settings_for(cfg, (1e3, 1e5))  # a 1 s edge: both sizes read far below
         settings["stages"] = ["eager", "randomness"]
         events: list[dict] = []
         run_candidate(str(path), settings, events.append)
         rows = [e["verdict"] for e in events if e["event"] == "verdict"]
-        assert rows[0]["measures"]["sizing"]["chosen"] == 16
+        claim = rows[0]["measures"]["sizing"]
+        # 8 and 16 rows both take microseconds: which reads nearer the target is noise
+        assert [s["value"] for s in claim["steps"]] == [8, 16] and claim["chosen"] in (8, 16)
         if expected:
             assert [r["reason"] for r in rows] == expected
-            assert "sizing probe at the chosen size (16)" in rows[0]["detail"]
+            assert f"sizing probe at the chosen size ({claim['chosen']})" in rows[0]["detail"]
         else:
             assert [r["stage"] for r in rows] == ["eager", "randomness"]
             assert all(r["passed"] for r in rows), rows

@@ -212,6 +212,8 @@ def test_a_size_too_fast_for_the_window_is_rejected_alike_before_its_filters(pat
     expected = [("static", True, "ok"), ("decontam", True, "ok"), ("sizing", False, "too_fast")]
     for path in (two, piped, inline):
         assert [[tuple(r) for r in rows] for rows in path["verdicts"]] == [expected] * 3, path
-        assert all("sizing probe at the chosen size (256)" in d for d in path["details"]), path
+        # the 256-row probe reads nearest the 1.4 s target, unless a loaded host's noise
+        # reverses a 64-fold size; either way both read far below the edge
+        assert all("sizing probe at the chosen size (" in d for d in path["details"]), path
     assert two["jobs"] == piped["jobs"] == 6, (two, piped)  # two probes each (4 -> 256)
     assert inline["jobs"] == 3, inline  # one inline job each
