@@ -14,7 +14,7 @@ its composed size) pass.
 
 from __future__ import annotations
 
-from opsynth.filters.sizing import chosen_too_fast
+from opsynth.filters.sizing import chosen_too_fast, too_fast_below_ms
 from opsynth.record import Task
 from opsynth.stage import KEEP, Decision, drop
 
@@ -39,5 +39,5 @@ class SizedTooFast:
 def sized_checks(share: float, window: tuple[float, float]) -> list[SizedTooFast]:
     """The checks a sized task meets before the sandbox: none while the rule is off, or while
     the window has no lower edge to fall below."""
-    below_ms = share * window[0]
+    below_ms = too_fast_below_ms(share, window)
     return [SizedTooFast(below_ms)] if below_ms > 0 else []

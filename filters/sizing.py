@@ -130,6 +130,12 @@ def target_ms(window: tuple[float, float]) -> float:
     return math.sqrt(max(lo, hi * 1e-4) * hi)
 
 
+def too_fast_below_ms(share: float, window: tuple[float, float]) -> float:
+    """The probe reading below which a sized task is ``too_fast`` unfiltered: ``share`` of
+    the window's lower edge (0: the rule is off)."""
+    return share * window[0]
+
+
 def chosen_too_fast(record: Mapping[str, Any], below_ms: float) -> str:
     """Why a sized task is ``too_fast`` without its filters (``sizing.too_fast_share``): its
     chosen size's probe read below ``below_ms``, so the search could not grow it into the
@@ -195,8 +201,9 @@ def inline_settings(cfg: Any, window: tuple[float, float]) -> dict[str, Any]:
         "warmup_runs": cfg.probe_warmup_runs,
         "timed_runs": cfg.probe_timed_runs,
     }
-    if cfg.too_fast_share * window[0] > 0:  # named only when on: else a job's key is as before
-        spec["too_fast_below_ms"] = cfg.too_fast_share * window[0]
+    below_ms = too_fast_below_ms(cfg.too_fast_share, window)
+    if below_ms > 0:  # named only when on: else a job's key is what it was before
+        spec["too_fast_below_ms"] = below_ms
     # named only when off: a job's key (its settings) is then what it was before the setting
     return spec if cfg.probe_exclusive else {**spec, "exclusive": False}
 

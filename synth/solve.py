@@ -275,7 +275,7 @@ class _State:
 
 
 Propose = Callable[[int, int, str], Iterable["Seed"]]
-_REBINDS: dict[int, dict[tuple, list[CatalogSpec]]] = {}
+_REBINDS: dict[tuple[int, bool], dict[tuple, list[CatalogSpec]]] = {}
 _OUTPUTS: dict[tuple, Any] = {}
 
 
@@ -284,9 +284,10 @@ class Solver:
 
     def __init__(self, cfg: ComposeConfig, rng: random.Random) -> None:
         self.cfg, self.rng = cfg, rng
-        # Re-derivations and meta outputs depend only on their keys (and the rebind limit), so
-        # they are kept for the life of the process, across compose calls and chunks.
-        self._rebinds = _REBINDS.setdefault(cfg.rebind_limit, {})
+        # Re-derivations and meta outputs depend only on their keys (and the rebind limit and
+        # stable sorts), so they are kept for the life of the process, across compose calls
+        # and chunks.
+        self._rebinds = _REBINDS.setdefault((cfg.rebind_limit, cfg.stable_sort), {})
         self._outputs = _OUTPUTS
 
     def _propagate(
@@ -312,9 +313,9 @@ class Solver:
         if key not in self._rebinds:
             if len(self._rebinds) > 50_000:
                 self._rebinds.clear()
-            self._rebinds[key] = rebind(seed.spec, shape, self.cfg.rebind_limit)
-        found = self._rebinds[key]  # shared by every config: settings apply after it
-        return [stable_sort(spec) for spec in found] if self.cfg.stable_sort else found
+            found = rebind(seed.spec, shape, self.cfg.rebind_limit)
+            self._rebinds[key] = [stable_sort(s) for s in found] if self.cfg.stable_sort else found
+        return self._rebinds[key]
 
     def solve(self, seeds: Sequence[Seed], rank: int) -> Chain:
         """The chain of exactly ``seeds``, or Degenerate."""
