@@ -354,7 +354,8 @@ class Solver:
         specs = self._rebind(seed, target)
         order = list(range(len(specs)))
         self.rng.shuffle(order)
-        form = _form(seed.spec)
+        # the seed's validated form, written as its re-derivations are (a stable sort's flag)
+        form = _form(stable_sort(seed.spec) if self.cfg.stable_sort else seed.spec)
         integer_first = not position and self.rng.random() < self.cfg.int_input_share
         if integer_first:
             order.sort(key=lambda i: not _takes_integers(specs[i]))

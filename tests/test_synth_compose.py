@@ -642,9 +642,11 @@ def test_a_sort_is_composed_stable_so_ties_have_one_order(op):
 
     seeds = seeds_in_process([op, "torch.relu"])
     stable = [t for t in seeds if t.ops == [op]]
+    made = {}
     for setting, expected in ((True, 1), (False, 0)):
         cfg = only(seeds, op, "torch.relu", mix={"torch#2": 1.0}, stable_sort=setting)
-        tasks = [t for t in compose(seeds, cfg, n=4) if op in t.ops]
+        made[setting] = compose(seeds, cfg, n=8)
+        tasks = [t for t in made[setting] if op in t.ops]
         assert tasks and stable
         for task in tasks:
             calls = [
@@ -658,9 +660,18 @@ def test_a_sort_is_composed_stable_so_ties_have_one_order(op):
                 assert flags == [True] * expected, task.code
                 assert len(call.args) == 1 or not expected, task.code  # literals by keyword
             run_task(task)
+    # the setting changes the sort calls and nothing else: the same chains, shapes and sizes
+    assert [t.ops for t in made[True]] == [t.ops for t in made[False]]
+    for on, off in zip(made[True], made[False], strict=True):
+        assert _without_calls_to(on.code, op) == _without_calls_to(off.code, op)
     # a tie broken by position: relu's zeros keep their input order
     x = torch.tensor([[0.0, -1.0, 2.0, -3.0, 0.0]])
     assert torch.argsort(torch.relu(x), dim=1, stable=True).tolist() == [[0, 1, 3, 4, 2]]
+
+
+def _without_calls_to(code: str, op: str) -> list[str]:
+    """The lines of ``code`` that do not call ``op``."""
+    return [line for line in code.splitlines() if f"{op}(" not in line]
 
 
 def test_stable_sort_rewrites_only_sorts_it_can_name():
