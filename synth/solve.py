@@ -34,6 +34,7 @@ from opsynth.synth.chain import (
 )
 from opsynth.synth.cost import Cost, cost_of, counting, total
 from opsynth.synth.degenerate import Degenerate, is_dropout
+from opsynth.synth.implicit_dim import implicit_dim, names_dim
 from opsynth.synth.sorting import stable_sort
 
 # Sample batches: the chain is solved at SOLVE_BATCH and replayed at REPLAY_BATCH; the dims
@@ -366,6 +367,8 @@ class Solver:
             order.sort(key=lambda i: _form(specs[i]) != form)
         else:
             order.sort(key=lambda i: _form(specs[i]) != form)
+        if self.cfg.explicit_dim and implicit_dim(seed.spec):
+            order.sort(key=lambda i: not names_dim(specs[i]))  # stable: forms keep their order
         last = Degenerate("unsolvable", f"{seed.spec.name} has no arguments for {target}")
         if not order:
             last = Degenerate("multi_input", f"{seed.spec.name} takes another batch-sized input")

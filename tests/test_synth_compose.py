@@ -14,6 +14,7 @@ import inspect
 import math
 import random
 import re
+import warnings
 from collections import Counter
 
 import pytest
@@ -667,6 +668,57 @@ def test_a_sort_is_composed_stable_so_ties_have_one_order(op):
     # a tie broken by position: relu's zeros keep their input order
     x = torch.tensor([[0.0, -1.0, 2.0, -3.0, 0.0]])
     assert torch.argsort(torch.relu(x), dim=1, stable=True).tolist() == [[0, 1, 3, 4, 2]]
+
+
+SOFTMAXES = ("F.softmax", "F.log_softmax", "nn.Softmax", "nn.LogSoftmax")
+
+
+def test_a_softmax_is_composed_with_its_dim():
+    """``compose.explicit_dim``: every softmax-family call (or module) names its dim, so torch
+    never picks one from the rank, and the task runs without the implicit-dim warning. Off,
+    the catalogue's form (without a dim) comes first, as before the setting."""
+    from opsynth.synth.catalog.extract import seeds_in_process
+
+    seeds = seeds_in_process([*SOFTMAXES, "torch.relu"])
+    for setting in (True, False):
+        cfg = only(seeds, *SOFTMAXES, "torch.relu", mix={"torch#2": 1.0}, explicit_dim=setting)
+        tasks = [t for t in compose(seeds, cfg, n=12) if set(t.ops) & set(SOFTMAXES)]
+        assert len(tasks) >= 4, [t.ops for t in compose(seeds, cfg, n=12)]
+        calls = [
+            node
+            for task in tasks
+            for node in ast.walk(ast.parse(task.code))
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in SOFTMAXES
+        ]
+        named = [any(k.arg == "dim" for k in call.keywords) or len(call.args) > 1 for call in calls]
+        assert calls and all(named) == setting and any(named) == setting, [
+            ast.unparse(c) for c in calls
+        ]
+        if setting:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # the implicit-dim deprecation would raise
+                for task in tasks:
+                    run_task(task)
+
+
+def test_implicit_dim_names_the_softmax_family_only():
+    from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
+    from opsynth.synth.implicit_dim import implicit_dim, names_dim
+
+    x = InputSpec("input", (4, 8))
+    bare = CatalogSpec("torch", "F.softmax", "function", "F.softmax", args=(x,))
+    keyword = CatalogSpec(
+        "torch",
+        "F.softmax",
+        "function",
+        "F.softmax",
+        args=(x, InputSpec("dim", tensor=False, value=1, keyword=True)),
+    )
+    module = CatalogSpec("torch", "nn.Softmax", "module", "nn.Softmax", init_kwargs=(("dim", 1),))
+    assert implicit_dim(bare) and implicit_dim(module)
+    assert not names_dim(bare) and names_dim(keyword) and names_dim(module)
+    other = CatalogSpec("torch", "torch.sum", "function", "torch.sum", args=(x,))
+    assert not implicit_dim(other)
 
 
 def _without_calls_to(code: str, op: str) -> list[str]:

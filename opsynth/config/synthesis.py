@@ -375,6 +375,14 @@ class ComposeConfig(_Section):
         "choose differently (compile_mismatch, whatever a kernel would do); false = the "
         "call as the catalogue has it, what runs composed before (v1.0.0's config pins it)",
     )
+    explicit_dim: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="softmax, log_softmax and softmin (functions and modules) are composed "
+        "with their dim, as Ops-6K writes them: without one torch picks it from the input's "
+        "rank (across the batch of a 3-d input); false = the catalogue's form first, what "
+        "runs composed before (v1.0.0's config pins it)",
+    )
     max_rms: float = Field(
         default=1e4,
         gt=0,

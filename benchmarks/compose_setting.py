@@ -1,0 +1,121 @@
+"""Compose the same candidates with one composer setting off and on, and say what it changed.
+
+    .venv/bin/python -m benchmarks.compose_setting --catalogue DIR --setting explicit_dim \
+        [--n 3000] [--calls F.softmax nn.Softmax ...]
+
+``--catalogue`` is an ``opsynth seeds extract --out`` directory (or a run's ``catalogue/``);
+``--setting`` names a boolean ``[compose]`` setting. Both sets are drawn from the same seeds
+with the same RNG: a setting that rewrites calls without changing which draws pass leaves
+every op sequence where it was; one that changes a draw's fate moves the later draws of its
+chunk. Prints each set's compose time and structural-duplicate share, how many tasks keep
+their op sequence and their code, and, for each name in ``--calls``, how its calls pass
+``dim`` in each set and in Ops-6K (when the reference data is found).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import polars as pl
+
+from opsynth.config import ComposeConfig
+from opsynth.flows.reference import structural_share
+from opsynth.record import Task
+from opsynth.refdata import OPS6K, shared_file
+from opsynth.store import read_tasks
+from opsynth.synth.compose import compose
+
+UNREADABLE = "unparsed"
+
+
+def dim_forms(codes: Iterable[str], names: Sequence[str]) -> Counter[str]:
+    """How the calls of ``names`` in ``codes`` pass ``dim``: ``dim=<source>`` by keyword or
+    as the second positional argument (or a module's first), ``none`` without one."""
+    wanted = set(names)
+    forms: Counter[str] = Counter()
+    for code in codes:
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            forms[UNREADABLE] += 1
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or ast.unparse(node.func) not in wanted:
+                continue
+            by_name = [k.value for k in node.keywords if k.arg == "dim"]
+            position = 0 if ast.unparse(node.func).startswith("nn.") else 1
+            given = by_name or node.args[position : position + 1]
+            forms[f"dim={ast.unparse(given[0])}" if given else "none"] += 1
+    return forms
+
+
+def changes(off: Sequence[Task], on: Sequence[Task]) -> dict[str, int]:
+    """Position by position: tasks with the same op sequence, and with the same code."""
+    pairs = list(zip(off, on, strict=False))
+    return {
+        "compared": len(pairs),
+        "same_ops": sum(a.ops == b.ops for a, b in pairs),
+        "same_code": sum(a.code == b.code for a, b in pairs),
+    }
+
+
+def _rows(tasks: Sequence[Task]) -> list[dict]:
+    return [{"ops": json.dumps(t.ops), "data_source": t.data_source, "code": t.code} for t in tasks]
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--catalogue", type=Path, required=True)
+    parser.add_argument("--setting", required=True, help="a boolean [compose] setting")
+    parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--calls", nargs="*", default=[])
+    args = parser.parse_args(argv)
+    field = ComposeConfig.model_fields.get(args.setting)
+    if field is None or field.annotation is not bool:
+        parser.error(f"--setting {args.setting!r} is not a boolean [compose] setting")
+    warnings.simplefilter("ignore")
+    seeds = read_tasks(args.catalogue / "seeds.parquet")
+    made: dict[bool, list[Task]] = {}
+    results: dict = {"setting": args.setting, "n": args.n}
+    for value in (False, True):
+        start = time.perf_counter()
+        made[value] = compose(seeds, ComposeConfig(**{args.setting: value}), args.n)
+        wall = time.perf_counter() - start
+        share = structural_share(_rows(made[value])) or 0.0
+        results[str(value).lower()] = {
+            "tasks": len(made[value]),
+            "wall_s": round(wall, 1),
+            "structural_duplicate_pct": round(100 * share, 2),
+            "dim_forms": dict(dim_forms((t.code for t in made[value]), args.calls)),
+        }
+        print(
+            f"{args.setting}={str(value).lower()}: {len(made[value])} tasks in {wall:.1f} s, "
+            f"structural duplicates {100 * share:.2f}%"
+        )
+    results["changes"] = changes(made[False], made[True])
+    print(
+        "position by position: {same_ops} of {compared} keep their op sequence, "
+        "{same_code} their code".format(**results["changes"])
+    )
+    reference = shared_file(OPS6K)
+    if args.calls and reference is not None:
+        codes = pl.read_parquet(reference, columns=["code"])["code"].to_list()
+        results["ops6k_dim_forms"] = dict(dim_forms(codes, args.calls))
+    forms = {key: results[key]["dim_forms"] for key in ("false", "true")}
+    if "ops6k_dim_forms" in results:
+        forms["ops6k"] = results["ops6k_dim_forms"]
+    for key, counted in forms.items() if args.calls else ():
+        top = ", ".join(f"{form} {count}" for form, count in Counter(counted).most_common(6))
+        print(f"dim of {' / '.join(args.calls)} ({key}): {top}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

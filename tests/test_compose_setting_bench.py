@@ -1,0 +1,37 @@
+"""benchmarks/compose_setting.py: one composer setting off and on, over the same draws."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.compose_setting import changes, dim_forms, main
+from opsynth.record import Task
+from opsynth.store import write_tasks
+
+
+def test_dim_forms_reads_keywords_positions_and_modules() -> None:
+    code = (
+        "a = F.softmax(x, dim=1)\nb = F.softmax(x)\nc = F.log_softmax(x, -1)\n"
+        "m = nn.Softmax(dim=self.dim)\nn = nn.Softmax()\ns = torch.sum(x)\n"
+    )
+    forms = dim_forms([code, "def broken(:"], ["F.softmax", "F.log_softmax", "nn.Softmax"])
+    assert forms == {"dim=1": 1, "none": 2, "dim=-1": 1, "dim=self.dim": 1, "unparsed": 1}
+
+
+def test_changes_compares_position_by_position() -> None:
+    a, b, c = (Task(ops=[op], data_source="torch#1", code=op) for op in ("x", "y", "z"))
+    rewritten = Task(ops=["y"], data_source="torch#1", code="y2")
+    assert changes([a, b, c], [a, rewritten, a]) == {"compared": 3, "same_ops": 2, "same_code": 1}
+
+
+def test_main_composes_both_ways_and_the_softmax_calls_name_their_dim(
+    tmp_path: Path, catalogue_seeds, capsys
+) -> None:
+    write_tasks(catalogue_seeds, tmp_path / "seeds.parquet")
+    argv = ["--catalogue", str(tmp_path), "--setting", "explicit_dim", "--n", "60"]
+    results = main([*argv, "--calls", "F.softmax"])
+    off, on = results["false"]["dim_forms"], results["true"]["dim_forms"]
+    assert off.get("none", 0) > 0 and on and "none" not in on, results
+    moved = results["changes"]
+    assert moved["compared"] == 60 and moved["same_code"] <= moved["same_ops"] < 60
+    assert "keep their op sequence" in capsys.readouterr().out
