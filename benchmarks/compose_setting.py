@@ -1,15 +1,17 @@
 """Compose the same candidates with one composer setting off and on, and say what it changed.
 
     .venv/bin/python -m benchmarks.compose_setting --catalogue DIR --setting explicit_dim \
-        [--n 3000] [--calls F.softmax nn.Softmax ...]
+        [--n 3000] [--profile ops6k] [--dims F.softmax nn.Softmax ...] \
+        [--calls nn.ConvTranspose2d ...]
 
 ``--catalogue`` is an ``opsynth seeds extract --out`` directory (or a run's ``catalogue/``);
 ``--setting`` names a boolean ``[compose]`` setting. Both sets are drawn from the same seeds
 with the same RNG: a setting that rewrites calls without changing which draws pass leaves
 every op sequence where it was; one that changes a draw's fate moves the later draws of its
 chunk. Prints each set's compose time and structural-duplicate share, how many tasks keep
-their op sequence and their code, and, for each name in ``--calls``, how its calls pass
-``dim`` in each set and in Ops-6K (when the reference data is found).
+their op sequence and their code; how the calls of the ``--dims`` names pass ``dim``, and
+for each ``--calls`` name the share of its calls passing each keyword, in each set and in
+Ops-6K (when the reference data is found).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
+from opsynth.call_arguments import count_arguments
 from opsynth.config import ComposeConfig
 from opsynth.flows.reference import structural_share
 from opsynth.record import Task
@@ -56,6 +59,20 @@ def dim_forms(codes: Iterable[str], names: Sequence[str]) -> Counter[str]:
     return forms
 
 
+def keyword_shares(codes: Iterable[str], names: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per name in ``names``: its calls, and the share of them passing each keyword (read as
+    the profile reads them, ``opsynth.call_arguments``)."""
+    calls, passed = count_arguments(codes)
+    shares: dict[str, dict[str, float]] = {}
+    for name in names:
+        total = calls[name]
+        keywords = passed.get(name, {})
+        shares[name] = {"calls": total} | {
+            k: round(sum(v.values()) / total, 3) for k, v in sorted(keywords.items()) if total
+        }
+    return shares
+
+
 def changes(off: Sequence[Task], on: Sequence[Task]) -> dict[str, int]:
     """Position by position: tasks with the same op sequence, and with the same code."""
     pairs = list(zip(off, on, strict=False))
@@ -75,7 +92,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--catalogue", type=Path, required=True)
     parser.add_argument("--setting", required=True, help="a boolean [compose] setting")
     parser.add_argument("--n", type=int, default=3000)
-    parser.add_argument("--calls", nargs="*", default=[])
+    parser.add_argument("--profile", default="ops6k", help="compose.profile of both sets")
+    parser.add_argument("--dims", nargs="*", default=[], help="names whose dim to read")
+    parser.add_argument("--calls", nargs="*", default=[], help="names whose keywords to count")
     args = parser.parse_args(argv)
     field = ComposeConfig.model_fields.get(args.setting)
     if field is None or field.annotation is not bool:
@@ -86,14 +105,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     results: dict = {"setting": args.setting, "n": args.n}
     for value in (False, True):
         start = time.perf_counter()
-        made[value] = compose(seeds, ComposeConfig(**{args.setting: value}), args.n)
+        cfg = ComposeConfig(**{args.setting: value, "profile": args.profile})
+        made[value] = compose(seeds, cfg, args.n)
         wall = time.perf_counter() - start
         share = structural_share(_rows(made[value])) or 0.0
         results[str(value).lower()] = {
             "tasks": len(made[value]),
             "wall_s": round(wall, 1),
             "structural_duplicate_pct": round(100 * share, 2),
-            "dim_forms": dict(dim_forms((t.code for t in made[value]), args.calls)),
+            "dim_forms": dict(dim_forms((t.code for t in made[value]), args.dims)),
+            "keywords": keyword_shares([t.code for t in made[value]], args.calls),
         }
         print(
             f"{args.setting}={str(value).lower()}: {len(made[value])} tasks in {wall:.1f} s, "
@@ -105,15 +126,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "{same_code} their code".format(**results["changes"])
     )
     reference = shared_file(OPS6K)
-    if args.calls and reference is not None:
+    if (args.calls or args.dims) and reference is not None:
         codes = pl.read_parquet(reference, columns=["code"])["code"].to_list()
-        results["ops6k_dim_forms"] = dict(dim_forms(codes, args.calls))
+        results["ops6k_dim_forms"] = dict(dim_forms(codes, args.dims))
+        results["ops6k_keywords"] = keyword_shares(codes, args.calls)
     forms = {key: results[key]["dim_forms"] for key in ("false", "true")}
     if "ops6k_dim_forms" in results:
         forms["ops6k"] = results["ops6k_dim_forms"]
-    for key, counted in forms.items() if args.calls else ():
+    for key, counted in forms.items() if args.dims else ():
         top = ", ".join(f"{form} {count}" for form, count in Counter(counted).most_common(6))
-        print(f"dim of {' / '.join(args.calls)} ({key}): {top}")
+        print(f"dim of {' / '.join(args.dims)} ({key}): {top}")
+    sets = {key: results[key]["keywords"] for key in ("false", "true")}
+    if "ops6k_keywords" in results:
+        sets["ops6k"] = results["ops6k_keywords"]
+    for name in args.calls:
+        for key, shares in sets.items():
+            passed = ", ".join(f"{k} {v:g}" for k, v in shares[name].items() if k != "calls")
+            print(f"keywords of {name} ({key}, {shares[name]['calls']} calls): {passed or '-'}")
     return results
 
 

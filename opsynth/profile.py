@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsynth.call_arguments import argument_profile, checked_arguments
+from opsynth.call_names import aliases_of, canonical, dotted
 from opsynth.data import data_file
 from opsynth.taxonomy import CATEGORIES, OTHER, task_categories
 
@@ -140,51 +142,6 @@ UNREAD = {
     "int_input": False,
     "input_ranks": [],
 }
-DEFAULT_ALIASES = {"torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional"}
-
-
-def _aliases(tree: ast.Module) -> dict[str, str]:
-    """Local name -> dotted torch path, from the code's imports."""
-    found = dict(DEFAULT_ALIASES)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.asname:
-                    found[alias.asname] = alias.name
-                else:
-                    top = alias.name.split(".")[0]
-                    found[top] = top
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                found[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    return found
-
-
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
-def canonical(node: ast.AST, aliases: Mapping[str, str]) -> str | None:
-    """A call target as Ops-6K spells it (``torch.topk``, ``nn.LSTM``, ``F.pad``), through the
-    code's imports; None when it is no plain dotted name."""
-    dotted = _dotted(node)
-    if dotted is None:
-        return None
-    head, _, rest = dotted.partition(".")
-    full = aliases.get(head, head) + (f".{rest}" if rest else "")
-    for long, short in (("torch.nn.functional.", "F."), ("torch.nn.", "nn.")):
-        if full.startswith(long):
-            return short + full[len(long) :]
-    return full
-
-
 _UNKNOWN = object()  # a value the evaluator could not work out (a tuple element keeps its slot)
 
 
@@ -219,7 +176,7 @@ def _evaluate(node: ast.AST, env: Mapping[str, Any]) -> Any:
             value = _evaluate(node.args[0], env)
             return int(value) if isinstance(value, (int, float)) else _UNKNOWN
     size_call = isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords
-    if size_call and (_dotted(node.func) or "").endswith("Size"):  # torch.Size([a, b])
+    if size_call and (dotted(node.func) or "").endswith("Size"):  # torch.Size([a, b])
         value = _evaluate(node.args[0], env)
         return value if isinstance(value, tuple) else _UNKNOWN
     if isinstance(node, ast.Subscript):
@@ -456,7 +413,7 @@ def _dim_given(call: ast.Call, first: int) -> bool:
         arg = arg.operand
     if isinstance(arg, ast.Constant):
         return isinstance(arg.value, int) and not isinstance(arg.value, bool)
-    name = _dotted(arg) or ""
+    name = dotted(arg) or ""
     tail = name.rsplit(".", 1)[-1].lower()
     return "dim" in tail or "axis" in tail
 
@@ -590,7 +547,7 @@ def task_structure(code: str) -> dict[str, Any]:
 
 
 def _structure(tree: ast.Module) -> dict[str, Any]:
-    aliases = _aliases(tree)
+    aliases = aliases_of(tree)
     env: dict[str, Any] = {}
     _bind(tree.body, env)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
@@ -622,7 +579,8 @@ def build_profile(rows: Iterable[Mapping[str, Any]], name: str = "profile") -> d
     all); a transformers row's ``ops`` is a class name, listed in ``transformers_classes``
     without its variant suffix instead. ``categories`` is each category's share of all tasks
     (``opsynth.taxonomy``; transformers rows fall in ``other``). ``sequences`` counts distinct
-    ``ops`` lists. Shares are of all tasks.
+    ``ops`` lists. Shares are of all tasks, except ``arguments``' (of each operator's calls:
+    ``opsynth.call_arguments``).
     """
     tasks = 0
     sources: Counter[str] = Counter()
@@ -633,8 +591,10 @@ def build_profile(rows: Iterable[Mapping[str, Any]], name: str = "profile") -> d
     families: set[str] = set()
     structure: Counter[str] = Counter()
     ranks: Counter[int] = Counter()
+    codes: list[str] = []
     for row in rows:
         tasks += 1
+        codes.append(str(row["code"]))
         source = str(row["data_source"])
         names = ops_list(row["ops"])
         sources[source] += 1
@@ -645,7 +605,7 @@ def build_profile(rows: Iterable[Mapping[str, Any]], name: str = "profile") -> d
         else:
             ops.update(set(names))
             occurrences.update(names)
-        facts = task_structure(str(row["code"]))
+        facts = task_structure(codes[-1])
         structure["parsed"] += facts["parsed"]
         structure["multi_input"] += (facts["forward_inputs"] or 0) > 1
         structure["tuple_output"] += facts["tuple_output"]
@@ -669,6 +629,7 @@ def build_profile(rows: Iterable[Mapping[str, Any]], name: str = "profile") -> d
         },
         "sequences": len(sequences),
         "transformers_classes": sorted(families),
+        "arguments": argument_profile(codes),
     }
 
 
@@ -685,6 +646,9 @@ class Profile:
     structure: dict[str, Any]
     sequences: int
     transformers_classes: tuple[str, ...] = field(default_factory=tuple)
+    # per operator, the optional keywords its calls pass (``opsynth.call_arguments``); a
+    # profile written before they were counted has none
+    arguments: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "profile") -> Profile:
@@ -697,6 +661,10 @@ class Profile:
         if missing:
             raise ValueError(f"{where}: not a profile, missing {', '.join(missing)}")
         try:
+            arguments = checked_arguments(data.get("arguments", {}))
+        except ValueError as exc:
+            raise ValueError(f"{where}: malformed profile, {exc}") from None
+        try:
             return cls(
                 name=str(data["name"]),
                 tasks=int(data["tasks"]),
@@ -707,6 +675,7 @@ class Profile:
                 structure=dict(data["structure"]),
                 sequences=int(data["sequences"]),
                 transformers_classes=tuple(str(c) for c in data["transformers_classes"]),
+                arguments=arguments,
             )
         except (AttributeError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: malformed profile ({type(exc).__name__})") from exc
@@ -727,6 +696,7 @@ class Profile:
             "structure": self.structure,
             "sequences": self.sequences,
             "transformers_classes": list(self.transformers_classes),
+            "arguments": self.arguments,
         }
 
 

@@ -92,6 +92,13 @@ def _profile(spec: str):
     return load_profile(spec)
 
 
+def profile_arguments(cfg: ComposeConfig) -> dict:
+    """The optional keyword arguments ``cfg.profile`` counts per operator (``{}`` for the
+    uniform profile or one written before they were counted)."""
+    profile = _profile(cfg.profile)
+    return profile.arguments if profile is not None else {}
+
+
 def profile_weights(names: Sequence[str], cfg: ComposeConfig) -> list[float]:
     """The base draw weight of each name under ``cfg.profile`` and ``cfg.op_weights``."""
     from opsynth.taxonomy import category

@@ -12,7 +12,7 @@ it. Only catalogue operators run here, on meta tensors; generated code never doe
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,6 +35,8 @@ from opsynth.synth.chain import (
 from opsynth.synth.cost import Cost, cost_of, counting, total
 from opsynth.synth.degenerate import Degenerate, is_dropout
 from opsynth.synth.implicit_dim import implicit_dim, names_dim
+from opsynth.synth.optional_args import draw_optional
+from opsynth.synth.sampling import profile_arguments
 from opsynth.synth.sorting import stable_sort
 
 # Sample batches: the chain is solved at SOLVE_BATCH and replayed at REPLAY_BATCH; the dims
@@ -139,7 +141,9 @@ def _vary(spec: CatalogSpec, varied: Sequence[tuple[str, Any]]) -> CatalogSpec:
     )
     passed = {k for k, _ in (*spec.init, *spec.init_kwargs)}
     passed |= {a.name for a in spec.args if not a.tensor}
-    extra = tuple((k, v) for k, v in varied if k not in passed)
+    # a name varied twice (an optional argument, then a rule of the solver's) passes once,
+    # with the later value, as ``values`` has it
+    extra = tuple((k, v) for k, v in values.items() if k not in passed)
     if extra and spec.kind == "module":
         kwargs += extra
     elif extra:
@@ -147,22 +151,25 @@ def _vary(spec: CatalogSpec, varied: Sequence[tuple[str, Any]]) -> CatalogSpec:
     return replace(spec, init=init, init_kwargs=kwargs, args=args)
 
 
-def _variations(spec: CatalogSpec, rng: random.Random, cfg: ComposeConfig) -> list[tuple]:
-    """A few variations of the free arguments to try before the derived values."""
+def _variations(
+    spec: CatalogSpec, rng: random.Random, cfg: ComposeConfig, optional: Mapping[str, Any]
+) -> list[tuple]:
+    """A few variations of the free arguments to try before the derived values, each with
+    optional keyword arguments drawn from ``optional`` (a profile's ``arguments``, empty when
+    ``compose.optional_arguments`` is off); then the optional ones alone; then neither."""
     names = [k for k, _ in spec.init] + [k for k, _ in spec.init_kwargs]
     names += [a.name for a in spec.args if not a.tensor]
     free = [n for n in names if n in VARIED]
-    if not free:
-        return [()]
     out = []
-    for _ in range(cfg.variation_attempts):
+    for _ in range(cfg.variation_attempts if free else 0):
         varied = []
         for name in free:
             menu = VARIED[name]
             options = getattr(cfg, menu) if isinstance(menu, str) else menu
             varied.append((name, rng.choice(options)))
-        out.append(tuple(varied))
-    return [*out, ()]
+        out.append((*varied, *draw_optional(spec, optional, rng)))
+    alone = draw_optional(spec, optional, rng)
+    return [*out, alone, ()] if alone else [*out, ()]
 
 
 def _link_inputs(spec: CatalogSpec, main: int | None, taken: set[str]) -> tuple:
@@ -289,6 +296,7 @@ class Solver:
         # stable sorts), so they are kept for the life of the process, across compose calls
         # and chunks.
         self._rebinds = _REBINDS.setdefault((cfg.rebind_limit, cfg.stable_sort), {})
+        self._optional = profile_arguments(cfg) if cfg.optional_arguments else {}
         self._outputs = _OUTPUTS
 
     def _propagate(
@@ -382,7 +390,7 @@ class Solver:
             if main_arg is None or (main_arg.dtype != wanted and not integer_first):
                 continue
             key = (seed.id, position == 0, target, dtype, index)
-            for varied in _variations(base, self.rng, self.cfg):
+            for varied in _variations(base, self.rng, self.cfg, self._optional):
                 if is_dropout(base.name):
                     varied = (*varied, NO_DROP)
                 try:

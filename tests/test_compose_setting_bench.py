@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.compose_setting import changes, dim_forms, main
+from benchmarks.compose_setting import changes, dim_forms, keyword_shares, main
 from opsynth.record import Task
 from opsynth.store import write_tasks
 
@@ -29,9 +29,27 @@ def test_main_composes_both_ways_and_the_softmax_calls_name_their_dim(
 ) -> None:
     write_tasks(catalogue_seeds, tmp_path / "seeds.parquet")
     argv = ["--catalogue", str(tmp_path), "--setting", "explicit_dim", "--n", "60"]
-    results = main([*argv, "--calls", "F.softmax"])
+    # a uniform profile passes no optional arguments: only the setting names a dim
+    argv += ["--profile", "uniform"]
+    results = main([*argv, "--dims", "F.softmax", "--calls", "F.softmax"])
     off, on = results["false"]["dim_forms"], results["true"]["dim_forms"]
     assert off.get("none", 0) > 0 and on and "none" not in on, results
     moved = results["changes"]
-    assert moved["compared"] == 60 and moved["same_code"] <= moved["same_ops"] < 60
-    assert "keep their op sequence" in capsys.readouterr().out
+    assert (
+        moved["compared"] == 60
+        and moved["same_code"] < 60
+        and moved["same_code"] <= moved["same_ops"]
+    )
+    assert results["true"]["keywords"]["F.softmax"]["dim"] == 1.0
+    assert "dim" not in results["false"]["keywords"]["F.softmax"]
+    out = capsys.readouterr().out
+    assert "keep their op sequence" in out and "keywords of F.softmax (true" in out
+
+
+def test_keyword_shares_count_each_names_calls() -> None:
+    code = "a = torch.mean(x, dim=1, keepdim=True)\nb = torch.mean(x, dim=(2, 3))\n"
+    shares = keyword_shares([code], ["torch.mean", "torch.sum"])
+    assert shares == {
+        "torch.mean": {"calls": 2, "dim": 1.0, "keepdim": 0.5},
+        "torch.sum": {"calls": 0},
+    }

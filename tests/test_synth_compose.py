@@ -721,6 +721,37 @@ def test_implicit_dim_names_the_softmax_family_only():
     assert not implicit_dim(other)
 
 
+def test_optional_arguments_are_drawn_as_the_profile_passes_them(catalogue_seeds):
+    """``compose.optional_arguments``: a transposed convolution passes stride, padding and
+    output_padding about as often as Ops-6K's do (every call there; here, unless torch
+    refuses the drawn set at that shape), and the tasks run. Off, only required arguments."""
+    wanted = ("nn.ConvTranspose1d", "torch.relu")
+    zero = {name: 0.0 for name in names_of(catalogue_seeds) if name not in wanted}
+    passing = {}
+    for setting in (True, False):
+        cfg = ComposeConfig(
+            op_weights=zero,
+            mix={"torch#2": 1.0},
+            optional_arguments=setting,
+            tuple_output_share=0.0,
+        )
+        tasks = [t for t in compose(catalogue_seeds, cfg, n=12) if wanted[0] in t.ops]
+        assert len(tasks) >= 6, [t.ops for t in tasks]
+        calls = [
+            node
+            for task in tasks
+            for node in ast.walk(ast.parse(task.code))
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == wanted[0]
+        ]
+        passing[setting] = [{k.arg for k in call.keywords} for call in calls]
+        if setting:
+            for task in tasks:
+                run_task(task)
+    assert not any(passing[False]), passing[False]
+    with_stride = [kw for kw in passing[True] if {"stride", "padding"} <= kw]
+    assert len(with_stride) >= len(passing[True]) / 2, passing[True]
+
+
 def _without_calls_to(code: str, op: str) -> list[str]:
     """The lines of ``code`` that do not call ``op``."""
     return [line for line in code.splitlines() if f"{op}(" not in line]

@@ -383,6 +383,15 @@ class ComposeConfig(_Section):
         "rank (across the batch of a 3-d input); false = the catalogue's form first, what "
         "runs composed before (v1.0.0's config pins it)",
     )
+    optional_arguments: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="optional keyword arguments (a transposed convolution's stride, padding and "
+        "output_padding, a reduction's keepdim, an LSTM's batch_first) are drawn as often and "
+        "with the values the profile's set passes them (its 'arguments'; none for uniform); "
+        "a set torch refuses falls back to the catalogue's arguments; false = required "
+        "arguments only, what runs composed before (v1.0.0's config pins it)",
+    )
     max_rms: float = Field(
         default=1e4,
         gt=0,
