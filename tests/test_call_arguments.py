@@ -114,3 +114,27 @@ def test_draws_add_only_keywords_the_spec_does_not_pass():
     other = CatalogSpec("torch", "torch.tanh", "function", "torch.tanh", args=(spec.args[0],))
     state = rng.getstate()
     assert draw_optional(other, table, rng) == () and rng.getstate() == state
+
+
+def test_fidelity_compares_keyword_arguments_per_call():
+    from opsynth.report.fidelity import fidelity_table
+
+    def rows(code: str, n: int = MIN_CALLS) -> list[dict]:
+        ops = json.dumps(["nn.ConvTranspose2d", "F.interpolate", "torch.mean"])
+        return [{"ops": ops, "data_source": "torch#3", "code": code}] * n
+
+    bare = (
+        TASK.replace(", stride=stride, padding=padding,\n", ",")
+        .replace("output_padding=self.pad, bias=False,", "")
+        .replace(', mode="bilinear", size=None', "")
+        .replace(", dim=(-2, -1), keepdim=True", "")
+    )
+    table = fidelity_table(rows(bare), rows(TASK))
+    [row] = table.filter(table["section"] == "arguments").iter_rows(named=True)
+    # the reference: ConvTranspose2d 4 keywords, interpolate 3, mean 2, weighted alike
+    assert row["measure"] == "keyword arguments per call"
+    assert row["reference"] == 3.0 and row["run"] == round(1 / 3, 3), row
+    # a reference profile without counted keywords (written before them) has no such row
+    older = Profile.from_dict({**build_profile(rows(TASK), "old"), "arguments": {}})
+    table = fidelity_table(rows(bare), older)
+    assert table.filter(table["section"] == "arguments").is_empty()

@@ -3,9 +3,11 @@
 The funnel says what the filters did; this says whether what survived still looks like the
 set it regenerates. Run and reference are both reduced to a profile (``opsynth.profile``) and
 compared side by side: operator coverage and variety, sequence repeats, category shares
-(``opsynth.taxonomy``), input/output structure and the data_source mix. The structural
-duplicate share needs the dedup machinery, which the core does not import; the caller
-computes it and passes it in.
+(``opsynth.taxonomy``), input/output structure, how many keyword arguments a call passes
+(over the operators both call, weighted by the reference's calls; a required argument
+passed by keyword counts too) and the data_source mix.
+The structural duplicate share needs the dedup machinery, which the core does not import;
+the caller computes it and passes it in.
 
 Shares are shown as percent of tasks; ``difference`` is run minus reference, in percentage
 points for shares and in units for counts.
@@ -20,6 +22,7 @@ from typing import Any
 import polars as pl
 from matplotlib.figure import Figure
 
+from opsynth.call_arguments import MIN_CALLS
 from opsynth.profile import Profile, build_profile
 from opsynth.report.plots import ACCEPT_COLOR, REFERENCE_COLOR, _empty, _figure
 from opsynth.taxonomy import CATEGORIES, OTHER
@@ -72,6 +75,30 @@ def _repeat_share(profile: Profile) -> float | None:
     return 1 - profile.sequences / profile.tasks if profile.tasks else None
 
 
+def keywords_per_call(profile: Profile, weights: Mapping[str, int]) -> float | None:
+    """Keyword arguments a call passes on average (the sum of its operator's keyword shares,
+    ``opsynth.call_arguments``), over the operators in ``weights``, weighted by them; None
+    without any. An operator whose calls pass none counts 0."""
+    total = sum(weights.values())
+    if not total:
+        return None
+    passed = 0.0
+    for name, weight in weights.items():
+        keywords = profile.arguments.get(name, {}).get("keywords", {})
+        passed += weight * sum(k["share"] for k in keywords.values())
+    return round(passed / total, 3)
+
+
+def _keyword_weights(mine: Profile, theirs: Profile) -> dict[str, int]:
+    """The operators both sets call often enough to be counted (``MIN_CALLS``), weighted by
+    the reference's calls of them."""
+    return {
+        name: entry["calls"]
+        for name, entry in theirs.arguments.items()
+        if mine.occurrences.get(name, 0) >= MIN_CALLS
+    }
+
+
 def fidelity_table(
     run: Profile | Rows,
     reference: Profile | Rows,
@@ -113,6 +140,10 @@ def fidelity_table(
     for rank in RANKS:
         label = f"an input of rank {rank}"
         share("structure", label, mine_ranks.get(str(rank), 0.0), their_ranks.get(str(rank), 0.0))
+    weights = _keyword_weights(mine, theirs)
+    if weights:  # a profile written before keywords were counted has none to compare
+        a, b = keywords_per_call(mine, weights), keywords_per_call(theirs, weights)
+        count("arguments", "keyword arguments per call", a or 0.0, b or 0.0)
     for source in sorted(set(mine.data_source) | set(theirs.data_source)):
         share(
             "data_source",
