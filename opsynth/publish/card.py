@@ -144,8 +144,9 @@ def _fidelity(data: RunData) -> list[str]:
         "## Fidelity to a reference set",
         "",
         "The accepted tasks against the reference set of the run's report (`opsynth report "
-        "--reference`): operator coverage, category and structure shares (% of tasks), and "
-        "the data_source mix; difference is this set minus the reference.",
+        "--reference`): operator coverage, category and structure shares (% of tasks), "
+        "keyword arguments per call, and the data_source mix; difference is this set minus "
+        "the reference.",
         "",
         markdown_table(table, FIDELITY_ROWS),
     ]
