@@ -20,6 +20,7 @@ keyword as passed with an unknown value. Keywords that only place or type the re
 from __future__ import annotations
 
 import ast
+import json
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -92,16 +93,9 @@ def count_arguments(codes: Iterable[str]) -> tuple[Counter[str], dict[str, dict[
                 if keyword.arg is None or keyword.arg in NOT_KEPT:
                     continue
                 value = literal(keyword.value, env)
-                key = "?" if value is _UNKNOWN else _key(value)
+                key = "?" if value is _UNKNOWN else json.dumps(value)  # exact and hashable
                 passed.setdefault(name, {}).setdefault(keyword.arg, Counter())[key] += 1
     return calls, passed
-
-
-def _key(value: Any) -> str:
-    """A value as a hashable, exact key: its JSON text."""
-    import json
-
-    return json.dumps(value)
 
 
 def argument_profile(codes: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -109,8 +103,6 @@ def argument_profile(codes: Iterable[str]) -> dict[str, dict[str, Any]]:
     (at least ``MIN_SHARE`` of them, in the order the set first passes them): the share of
     calls passing it and its most frequent known values with their counts, as
     ``{"calls": n, "keywords": {kw: {"share": s, "values": [[value, count], ...]}}}``."""
-    import json
-
     calls, passed = count_arguments(codes)
     profile: dict[str, dict[str, Any]] = {}
     for name in sorted(passed):
@@ -142,7 +134,7 @@ def checked_arguments(value: Any) -> dict[str, dict[str, Any]]:
         raise ValueError("arguments: expected an object")
     for name, entry in value.items():
         keywords = entry.get("keywords") if isinstance(entry, dict) else None
-        if not isinstance(keywords, dict):
+        if not isinstance(keywords, dict) or not isinstance(entry.get("calls"), int):
             raise ValueError(f"arguments.{name}: expected {{'calls': n, 'keywords': {{...}}}}")
         for keyword, stats in keywords.items():
             share = stats.get("share") if isinstance(stats, dict) else None

@@ -75,7 +75,8 @@ def test_a_profile_carries_its_arguments_and_refuses_malformed_ones():
     assert Profile.from_dict(older).arguments == {}
     bad_share = {"op": {"calls": 5, "keywords": {"k": {"share": 2.0, "values": []}}}}
     bad_pairs = {"op": {"calls": 5, "keywords": {"k": {"share": 0.5, "values": [[1]]}}}}
-    for arguments in (bad_share, bad_pairs, {"op": 3}, [1]):
+    no_calls = {"op": {"keywords": {}}}  # the fidelity table weighs by calls
+    for arguments in (bad_share, bad_pairs, no_calls, {"op": 3}, [1]):
         with pytest.raises(ValueError) as err:
             Profile.from_dict({**profile, "arguments": arguments}, "p.json")
         assert str(err.value).startswith("p.json: malformed profile, arguments")
