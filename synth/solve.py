@@ -156,7 +156,8 @@ def _variations(
 ) -> list[tuple]:
     """A few variations of the free arguments to try before the derived values, each with
     optional keyword arguments drawn from ``optional`` (a profile's ``arguments``, empty when
-    ``compose.optional_arguments`` is off); then the optional ones alone; then neither."""
+    ``compose.optional_arguments`` is off); then up to ``compose.optional_draws`` distinct
+    draws of the optional ones alone; then neither."""
     names = [k for k, _ in spec.init] + [k for k, _ in spec.init_kwargs]
     names += [a.name for a in spec.args if not a.tensor]
     free = [n for n in names if n in VARIED]
@@ -168,8 +169,12 @@ def _variations(
             options = getattr(cfg, menu) if isinstance(menu, str) else menu
             varied.append((name, rng.choice(options)))
         out.append((*varied, *draw_optional(spec, optional, rng)))
-    alone = draw_optional(spec, optional, rng)
-    return [*out, alone, ()] if alone else [*out, ()]
+    alone: list[tuple] = []
+    for _ in range(cfg.optional_draws if optional else 0):
+        drawn = draw_optional(spec, optional, rng)
+        if drawn and drawn not in alone:
+            alone.append(drawn)
+    return [*out, *alone, ()]
 
 
 def _link_inputs(spec: CatalogSpec, main: int | None, taken: set[str]) -> tuple:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.compose_setting import changes, dim_forms, keyword_shares, main
 from opsynth.record import Task
 from opsynth.store import write_tasks
@@ -53,3 +55,33 @@ def test_keyword_shares_count_each_names_calls() -> None:
         "torch.mean": {"calls": 2, "dim": 1.0, "keepdim": 0.5},
         "torch.sum": {"calls": 0},
     }
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--setting", "no_such"], "is not a [compose] setting"),
+        (["--setting", "optional_draws"], "is not boolean: give --values A B"),
+        (["--setting", "optional_draws", "--values", "2", "2"], "--values must differ"),
+        (["--setting", "optional_draws", "--values", "1", "0"], "--values '0'"),
+    ],
+)
+def test_main_refuses_a_bad_setting_or_values_in_one_line(
+    tmp_path: Path, extra: list[str], message: str, capsys
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--catalogue", str(tmp_path), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1], err
+
+
+def test_main_compares_two_values_of_a_numeric_setting(
+    tmp_path: Path, catalogue_seeds, capsys
+) -> None:
+    write_tasks(catalogue_seeds, tmp_path / "seeds.parquet")
+    argv = ["--catalogue", str(tmp_path), "--setting", "optional_draws", "--values", "1", "3"]
+    results = main([*argv, "--n", "30", "--calls", "nn.Linear"])
+    assert results["1"]["tasks"] == results["3"]["tasks"] == 30
+    assert results["1"]["distinct_operators"] > 0 and results["changes"]["compared"] == 30
+    assert "optional_draws=3: 30 tasks" in capsys.readouterr().out

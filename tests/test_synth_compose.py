@@ -780,3 +780,38 @@ def test_stable_sort_rewrites_only_sorts_it_can_name():
     assert stable_sort(odd) == odd
     other = CatalogSpec("torch", "torch.cumsum", "function", "torch.cumsum", args=(x, dim))
     assert stable_sort(other) == other
+
+
+def test_optional_draws_lists_distinct_keyword_sets_before_the_bare_call():
+    """``compose.optional_draws``: an operator's call tries up to that many distinct drawn
+    keyword sets, then the catalogue's arguments; one draw is what runs composed before."""
+    from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
+    from opsynth.synth.optional_args import draw_optional
+    from opsynth.synth.solve import _variations
+
+    spec = CatalogSpec(
+        "torch",
+        "F.interpolate",
+        "function",
+        "F.interpolate",
+        args=(
+            InputSpec("input", (2, 3, 8)),
+            InputSpec("scale_factor", tensor=False, value=2.0, keyword=True),
+        ),
+    )
+    modes = [["nearest", 5], ["bilinear", 3], ["bicubic", 2], ["linear", 1]]
+    table = {"F.interpolate": {"calls": 11, "keywords": {"mode": {"share": 1.0, "values": modes}}}}
+    lists = {}
+    for draws in (1, 3, 16):
+        cfg = ComposeConfig(optional_draws=draws, variation_attempts=0)
+        out = _variations(spec, random.Random(7), cfg, table)
+        assert out[-1] == ()
+        sets = out[:-1]
+        assert 1 <= len(sets) <= draws and len(set(sets)) == len(sets), sets
+        assert all(set(dict(s)) == {"mode"} for s in sets)
+        lists[draws] = sets
+    assert lists[1] == [draw_optional(spec, table, random.Random(7))]
+    assert len(lists[16]) == 4  # sixteen draws from four values meet each of them here
+    assert lists[3][0] == lists[1][0]  # the first draw is the one-draw run's
+    cfg = ComposeConfig(optional_draws=3, variation_attempts=0)
+    assert _variations(spec, random.Random(7), cfg, {}) == [()]

@@ -392,6 +392,18 @@ class ComposeConfig(_Section):
         "a set torch refuses falls back to the catalogue's arguments; false = required "
         "arguments only, what runs composed before (v1.0.0's config pins it)",
     )
+    optional_draws: int = Field(
+        json_schema_extra=added_with(1),
+        default=3,
+        ge=1,
+        le=16,
+        description="keyword sets drawn for an operator's call (with its catalogue sizes) "
+        "before it falls back to the catalogue's arguments, when "
+        "compose.optional_arguments is on: a value torch refuses at the chain's shape "
+        "(F.interpolate's 'bicubic' on a 3-d tensor) is drawn again instead of dropping every "
+        "keyword, so the shares come near the profile's among the calls torch accepts; "
+        "1 = one draw, what runs composed before (v1.0.0's config pins it)",
+    )
     max_rms: float = Field(
         default=1e4,
         gt=0,
