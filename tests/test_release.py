@@ -4,16 +4,24 @@ directory, which is the release's prefix while ``status`` is not ``complete``.""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from release_checks import check_release_folder
+from runfactory import make_run
 
 from opsynth.config import OPS6K_MIX, FiltersConfig, load_config
 from opsynth.filters.verify import EDGE_TOLERANCE
 from opsynth.store import read_tasks, read_verdicts
 from opsynth.verdicts import group_by_task, passed_all
 
-RELEASE = Path(__file__).resolve().parents[1] / "data" / "releases" / "v1.0.0"
+ROOT = Path(__file__).resolve().parents[1]
+RELEASE = ROOT / "data" / "releases" / "v1.0.0"
 RUN = RELEASE / "run"
 
 
@@ -99,3 +107,72 @@ def test_committed_run_loads_with_datasets(manifest: dict) -> None:
     rows = datasets.load_dataset("parquet", data_files=str(RUN / "accepted.parquet"), split="train")
     assert rows.num_rows == manifest["counts"]["accepted"]
     assert {"id", "ops", "data_source", "code"} <= set(rows.column_names)
+
+
+def _dry_run(run: Path, out: Path, recheck: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "opsynth.flows.cli", "publish", str(run), "--repo-id", "org/x"]
+        + ["--version", "1.0.0", "--dry-run", str(out), "--recheck", str(recheck)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_release_checks_hold_on_a_dry_run_and_catch_a_changed_one(tmp_path: Path) -> None:
+    """The release folder's checks, on a small run's ``publish --dry-run`` with its re-check:
+    they pass on what publish wrote, and fail when a row is dropped, a row repeats, a card
+    number moves or the re-check rejected a row."""
+    run = make_run(tmp_path / "run", seed=4, n=20)
+    rows = read_tasks(run / "accepted.parquet")
+    clean = make_run(tmp_path / "recheck", seed=7, audit=True, tasks=rows, reject={})
+    failing = make_run(
+        tmp_path / "recheck-2", seed=7, audit=True, tasks=rows, reject={3: ("runtime", "too_slow")}
+    )
+    _dry_run(run, tmp_path / "hub-2", failing)
+    with pytest.raises(AssertionError):
+        check_release_folder(tmp_path / "hub-2", tmp_path / "cache-r", recheck=True)
+    folder = tmp_path / "hub"
+    _dry_run(run, folder, clean)
+    read = check_release_folder(folder, tmp_path / "cache", rows=15, recheck=True)
+    assert read["rows"] == 15 and read["device"] == "cpu:Test CPU"
+    with pytest.raises(AssertionError):
+        check_release_folder(folder, tmp_path / "cache-2", rows=6000)
+    with pytest.raises(AssertionError):
+        check_release_folder(folder, tmp_path / "cache-3", mix_tolerance=0.015)
+
+    data = next((folder / "data").glob("*.parquet"))
+    table = pq.read_table(data)
+    changed = {
+        "a row dropped": lambda: pq.write_table(table.slice(0, 14), data),
+        "a row repeated": lambda: pq.write_table(
+            pa.concat_tables([table.slice(0, 14), table.slice(0, 1)]), data
+        ),
+    }
+    for i, change in enumerate(changed.values()):
+        change()
+        with pytest.raises(AssertionError):
+            check_release_folder(folder, tmp_path / f"cache-c{i}")
+        pq.write_table(table, data)
+    card = folder / "README.md"
+    text = card.read_text()
+    moved = re.sub(r"^\| static \| 20 \| 19 \|", "| static | 20 | 18 |", text, flags=re.M)
+    assert moved != text
+    card.write_text(moved)
+    with pytest.raises(AssertionError):
+        check_release_folder(folder, tmp_path / "cache-card")
+
+
+def test_committed_release_folder(tmp_path: Path) -> None:
+    """The release as a user loads it from the repository: 6,000 Ops-6K rows with ``datasets``,
+    unique, decontaminated, within 1.5 points of Table 3's mix, its card's numbers those of
+    its parquet files, made by the committed config."""
+    if not (RELEASE / "hub" / "README.md").is_file():
+        pytest.skip("the release's dataset folder is not committed yet")
+    read = check_release_folder(
+        RELEASE / "hub", tmp_path / "cache", rows=6000, mix_tolerance=0.015, recheck=True
+    )
+    assert read["config_hash"] == load_config(RELEASE / "config.toml").config_hash()
+    assert read["device"].startswith("cuda:NVIDIA H200")
