@@ -400,7 +400,7 @@ class ComposeConfig(_Section):
         description="keyword sets drawn for an operator's call (with its catalogue sizes) "
         "before it falls back to the catalogue's arguments, when "
         "compose.optional_arguments is on: a value torch refuses at the chain's shape "
-        "(F.interpolate's 'bicubic' on a 3-d tensor) is drawn again instead of dropping every "
+        "(F.interpolate's 'bilinear' on a 3-d tensor) is drawn again instead of dropping every "
         "keyword, so the shares come near the profile's among the calls torch accepts; "
         "1 = one draw, what runs composed before (v1.0.0's config pins it)",
     )
