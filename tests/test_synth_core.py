@@ -156,7 +156,9 @@ def test_a_recurrent_module_on_meta_runs_one_step_and_costs_the_whole_sequence(k
 
 
 def test_the_solver_measures_a_chain_link_by_link_as_a_whole_run_would(catalogue_seeds):
-    solver = Solver(ComposeConfig(), random.Random(0))
+    # float inputs only: a first link drawn to take integers (``int_input_share``) may find no
+    # argument set these operators run with, and the chain is then redrawn, not measured
+    solver = Solver(ComposeConfig(int_input_share=0.0), random.Random(0))
     for names, rank in (
         (["nn.Linear", "torch.add"], 2),
         (["nn.Conv2d", "torch.relu", "nn.MaxPool2d"], 4),
