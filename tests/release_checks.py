@@ -25,9 +25,7 @@ def markdown_tables(card: str, heading: str) -> list[list[dict[str, str]]]:
     start = next(i for i, line in enumerate(lines) if line.strip() == heading)
     tables: list[list[dict[str, str]]] = []
     block: list[str] = []
-    for line in [*lines[start + 1 :], "#"]:
-        if line.startswith("#") and block:
-            break
+    for line in [*lines[start + 1 :], "#"]:  # a last heading ends the last table
         if line.startswith("|"):
             block.append(line)
             continue
@@ -36,8 +34,6 @@ def markdown_tables(card: str, heading: str) -> list[list[dict[str, str]]]:
             block = []
         if line.startswith("#"):
             break
-    if block:
-        tables.append(_table(block))
     return tables
 
 
@@ -86,22 +82,22 @@ def check_release_folder(
 
     card = (folder / "README.md").read_text()
     assert re.search(rf"^{n:,} PyTorch tasks|^{n} PyTorch tasks", card, re.M), "row count"
+    rejected, verdicts = _parquet(folder, "rejected"), _parquet(folder, "verdicts")
     counts = {
         "default": n,
         "full": full.num_rows,
-        "rejected": len(_parquet(folder, "rejected")),
-        "verdicts": len(_parquet(folder, "verdicts")),
+        "rejected": len(rejected),
+        "verdicts": len(verdicts),
     }
     [configs] = markdown_tables(card, "## Configs")
     assert {r["config"]: int(r["rows"]) for r in configs} == counts
 
-    verdicts = _parquet(folder, "verdicts")
     entered = Counter(v["stage"] for v in verdicts)
     passed = Counter(v["stage"] for v in verdicts if v["passed"])
     funnel = markdown_tables(card, "## Filter funnel")[0]
     stated = {r["stage"]: (int(r["entered"]), int(r["passed"])) for r in funnel}
     assert stated == {s: (entered[s], passed[s]) for s in entered}, stated
-    rejected_ids = {r["id"] for r in _parquet(folder, "rejected")}
+    rejected_ids = {r["id"] for r in rejected}
     failed_ids = {v["task_id"] for v in verdicts if not v["passed"]}
     assert rejected_ids == failed_ids and not rejected_ids & {r["id"] for r in full_rows}
 
