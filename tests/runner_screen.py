@@ -129,6 +129,7 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
     cfg = cfg.with_section("sizing", max_value=256)
     cfg = cfg.with_section("filters", task_modules=[*cfg.filters.task_modules, "gc"])
     pool = LazyPool(cfg, "cpu")
+    own: list = []  # pools a path started for itself
     result: dict = {}
     paths = (
         ("two_stage", False, False, chunk),
@@ -140,15 +141,20 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
     try:
         for path, pipelined, inline, tasks_in in paths:
             run_cfg = cfg.with_section("sizing", pipelined=pipelined, inline=inline)
+            on = pool
             if path == "hung":  # killed soon, whether sizing inline or probing
                 run_cfg = run_cfg.with_section("sizing", inline_timeout_s=1.0)
                 run_cfg = run_cfg.with_section("filters", task_timeout_s=10.0)
+                # a probe's job takes its limit from the pool's config, as in a run, whose
+                # pool is built from the run's config: so this path has a pool of its own
+                on = LazyPool(run_cfg, "cpu")
+                own.append(on)
             run = RunDir.create(Path(out) / path)
             ledger = WorkLedger()
-            jobs = pool.pool.stats["candidates"] if pool.pool else 0
+            jobs = on.pool.stats["candidates"] if on.pool else 0
             started = time.perf_counter()
             final, _, verdicts = size_and_filter(
-                run, run_cfg, tasks_in, "cpu", pool, ledger, progress, list(tasks_in), []
+                run, run_cfg, tasks_in, "cpu", on, ledger, progress, list(tasks_in), []
             )
             rows = group_by_task(verdicts)
             result[path] = {
@@ -158,7 +164,7 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
                 },
                 "details": {t.id: rows[t.id][-1].detail for t in final if rows.get(t.id)},
                 "stages_timed": sorted(ledger.seconds),
-                "jobs": pool.pool.stats["candidates"] - jobs,
+                "jobs": on.pool.stats["candidates"] - jobs,
                 "seconds": round(time.perf_counter() - started, 1),
             }
         result["too_fast"] = too_fast(out, cfg, pool, progress)
@@ -167,7 +173,8 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
         result["ahead"] = ahead_of_time(out, cfg, pool, progress)
         result["as_given"] = as_given(out, cfg, pool, progress)
     finally:
-        pool.close()
+        for started_pool in [pool, *own]:
+            started_pool.close()
     return result
 
 
