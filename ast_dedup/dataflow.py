@@ -34,8 +34,8 @@ _ALIASES = {
     "negative": "neg",
     "uadd": "pos",
 }
-_PARAMETER_FACTORIES = {"parameter", "register_buffer", "buffer"}
-_CONTAINERS = {"sequential", "modulelist"}
+_PARAMETER_FACTORIES = {"parameter", "register_buffer", "buffer", "parameterlist", "parameterdict"}
+_CONTAINERS = {"sequential", "modulelist", "moduledict"}
 
 
 def _canonical(name: str) -> str:
@@ -53,9 +53,23 @@ def _callee_name(func: ast.expr) -> str | None:
     return None
 
 
+def _held(arg: ast.expr) -> list[tuple[object, ast.expr]]:
+    """(key, value) of what a container's argument lists: a list's or tuple's items by
+    position, a dict literal's values by their constant keys (None for another key)."""
+    if isinstance(arg, ast.List | ast.Tuple):
+        return list(enumerate(arg.elts))
+    if isinstance(arg, ast.Dict):
+        return [
+            (k.value if isinstance(k, ast.Constant) else None, v)
+            for k, v in zip(arg.keys, arg.values, strict=True)
+        ]
+    return [(None, arg)]
+
+
 def _constructor_label(call: ast.Call) -> str | None:
     """``nn.Conv2d(...)`` -> ``conv2d``; containers list what they hold, so
-    ``nn.Sequential(nn.Conv2d(...), nn.ReLU())`` -> ``sequential[conv2d,relu]``."""
+    ``nn.Sequential(nn.Conv2d(...), nn.ReLU())`` -> ``sequential[conv2d,relu]``; parameter
+    holders (``nn.ParameterList``, ``nn.ParameterDict``) are ``parameter``."""
     name = _callee_name(call.func)
     if not name:
         return None
@@ -66,11 +80,30 @@ def _constructor_label(call: ast.Call) -> str | None:
         inner = [
             _constructor_label(a) or "?"
             for arg in call.args
-            for a in (arg.elts if isinstance(arg, ast.List | ast.Tuple) else [arg])
+            for _, a in _held(arg)
             if isinstance(a, ast.Call)
         ]
         return f"{label}[{','.join(inner)}]"
     return label
+
+
+def _entries(attr: str, call: ast.Call) -> dict[str, str]:
+    """``{"layers['conv']": "conv2d"}`` for the modules a ``nn.ModuleDict`` literal holds by
+    constant key, so ``self.layers["conv"](x)`` is labelled with the module it calls."""
+    if _canonical(_callee_name(call.func) or "") != "moduledict":
+        return {}
+    return {
+        f"{attr}[{key!r}]": label
+        for arg in call.args
+        for key, value in _held(arg)
+        if key is not None and isinstance(value, ast.Call)
+        for label in [_constructor_label(value)]
+        if label
+    }
+
+
+def _constant_key(node: ast.expr) -> object:
+    return node.value if isinstance(node, ast.Constant) else None
 
 
 def _self_name(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
@@ -99,6 +132,7 @@ def _module_attributes(model: ast.ClassDef) -> dict[str, str]:
                         label = _constructor_label(node.value)
                         if label:
                             attrs[target.attr] = label
+                            attrs.update(_entries(target.attr, node.value))
             elif (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
@@ -143,13 +177,17 @@ class _Builder:
             return []
         if isinstance(node, ast.Attribute):
             if self._is_self(node.value):
-                label = self.modules.get(node.attr)
-                if label == "parameter":
-                    if node.attr not in self.params:
-                        self.params[node.attr] = self.node("parameter", [])
-                    return [self.params[node.attr]]
+                if self.modules.get(node.attr) == "parameter":
+                    return [self._parameter(node.attr)]
                 return []
             return self.expr(node.value)  # x.shape, x.T: metadata or views of x
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Attribute)
+            and self._is_self(node.value.value)
+            and self.modules.get(node.value.attr) == "parameter"
+        ):  # self.params[0], self.params["weight"]: one parameter of a holder
+            return [self._parameter(f"{node.value.attr}[{ast.unparse(node.slice)}]")]
         if isinstance(node, ast.Call):
             return [self.call(node)]
         if isinstance(node, ast.BinOp):
@@ -168,6 +206,11 @@ class _Builder:
                 inputs += self.expr(child)
         return inputs
 
+    def _parameter(self, name: str) -> int:
+        if name not in self.params:
+            self.params[name] = self.node("parameter", [])
+        return self.params[name]
+
     def _op(self, name: str, operands: list[ast.AST]) -> list[int]:
         inputs = [src for operand in operands for src in self.expr(operand)]
         if not inputs:
@@ -182,6 +225,13 @@ class _Builder:
         inputs: list[int] = []
         if isinstance(func, ast.Attribute) and self._is_self(func.value):
             label = self.modules.get(func.attr, _canonical(func.attr))
+        elif (
+            isinstance(func, ast.Subscript)
+            and isinstance(func.value, ast.Attribute)
+            and self._is_self(func.value.value)
+            and f"{func.value.attr}[{_constant_key(func.slice)!r}]" in self.modules
+        ):  # self.layers["conv"](x): the module the dict holds under that key
+            label = self.modules[f"{func.value.attr}[{_constant_key(func.slice)!r}]"]
         elif isinstance(func, ast.Attribute):
             label = _canonical(func.attr)
             receiver = func.value

@@ -1,8 +1,10 @@
 """Compose a large candidate set offline and put it beside the released Ops-6K.
 
-    .venv/bin/python -m benchmarks.compose_variety --catalogue DIR [--n 6000] [--out DIR]
+    .venv/bin/python -m benchmarks.compose_variety --catalogue DIR [--n 6000] [--out DIR] \
+        [--set container_share=0.0 ...]
 
-``--catalogue`` is an ``opsynth seeds extract --out`` directory (or a run's ``catalogue/``).
+``--catalogue`` is an ``opsynth seeds extract --out`` directory (or a run's ``catalogue/``);
+``--set`` gives a ``[compose]`` setting another value than its default (a JSON value).
 Prints the compose wall time and rate, the composer's rejection reasons, and the fidelity table
 (``opsynth.report.fidelity``) against the shipped ``ops6k`` profile, with the structural
 duplicate share of the composed set; writes ``composed.parquet`` and ``results.json``.
@@ -18,6 +20,8 @@ import time
 import warnings
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from opsynth.config import ComposeConfig
 from opsynth.flows.reference import structural_share
 from opsynth.profile import load_profile
@@ -32,12 +36,25 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=6000)
     parser.add_argument("--profile", default="ops6k")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    settings = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key] = value
+        if not sep:
+            parser.error(f"--set {item!r}: give KEY=VALUE")
+    try:
+        cfg = ComposeConfig(profile=args.profile, **settings)
+    except ValidationError as exc:
+        parser.error(f"--set: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
     warnings.simplefilter("ignore")
     out = args.out or Path(tempfile.mkdtemp(prefix="opsynth-compose-"))
     out.mkdir(parents=True, exist_ok=True)
     seeds = read_tasks(args.catalogue / "seeds.parquet")
-    cfg = ComposeConfig(profile=args.profile)
     start = time.perf_counter()
     tasks = compose(seeds, cfg, args.n)
     wall = time.perf_counter() - start
@@ -60,6 +77,7 @@ def main() -> None:
         "wall_s": round(wall, 1),
         "cores": os.cpu_count(),
         "seeds": len(seeds),
+        "settings": settings,
         "fidelity": table.to_dicts(),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))

@@ -48,17 +48,20 @@ class Chain:
     """A solved chain at one batch size. ``returns_tuple``: the task returns the last link's
     whole output. ``batch_dims`` maps each task input to the dims that are the batch.
     ``cost``: one forward's cost at ``batch`` as the solver measured it link by link (None
-    when unknown, e.g. after a rebatch)."""
+    when unknown, e.g. after a rebatch). ``container``: the module or parameter holder the
+    task is written with (``synth.containers``), listed after the links' operators."""
 
     links: tuple[Link, ...]
     batch: int
     returns_tuple: bool = False
     batch_dims: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
     cost: Cost | None = field(default=None, hash=False, compare=False)
+    container: str | None = None
 
     @property
     def ops(self) -> list[str]:
-        return [link.name for link in self.links]
+        names = [link.name for link in self.links]
+        return names + [self.container] if self.container else names
 
     def input_specs(self) -> dict[str, InputSpec]:
         """Task inputs in call order, each a single tensor's spec."""

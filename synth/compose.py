@@ -1,11 +1,13 @@
 """The offline composer: chains of catalogue operators, solved, checked and rendered.
 
 For each wanted task it draws a data source from ``cfg.mix`` (``synth.sampling``): for
-``torch#k`` it draws k catalogue seeds by weight, preferring op sequences not produced before,
-solves their arguments and shapes on the ``meta`` device (``synth.solve``), fits the batch to
-the cost read off the chain (``synth.cost``), and runs the chain once on a small CPU sample to
-refuse degenerate values (``synth.degenerate``); for ``transformers`` it passes an unused
-transformers seed through, with its batch as a ``batch_size`` to size (``synth.standalone``).
+``torch#k`` it draws k catalogue seeds by weight (k - 1 and a container that holds their
+modules or parameters for ``compose.container_share`` of them: ``synth.containers``),
+preferring op sequences not produced before, solves their arguments and shapes on the
+``meta`` device (``synth.solve``), fits the batch to the cost read off the chain
+(``synth.cost``), and runs the chain once on a small CPU sample to refuse degenerate values
+(``synth.degenerate``); for ``transformers`` it passes an unused transformers seed through,
+with its batch as a ``batch_size`` to size (``synth.standalone``).
 Everything is driven by one RNG seeded from ``(cfg.seed, round_index)``, so the same seeds and
 config always give the same tasks.
 """
@@ -31,10 +33,18 @@ from opsynth.config import ComposeConfig
 from opsynth.record import Task
 from opsynth.synth.catalog.serialize import spec_from_json
 from opsynth.synth.chain import Chain
+from opsynth.synth.containers import draw_container, may_hold
 from opsynth.synth.cost import fit_batch
 from opsynth.synth.degenerate import Degenerate, check_sample
 from opsynth.synth.emit import render_task
-from opsynth.synth.sampling import TRANSFORMERS, Sampler, chain_length, seed_name, split_seeds
+from opsynth.synth.sampling import (
+    TRANSFORMERS,
+    Sampler,
+    chain_length,
+    container_weights,
+    seed_name,
+    split_seeds,
+)
 from opsynth.synth.solve import VECTOR_BATCH, Seed, Solver, is_dropout, rebatch
 from opsynth.synth.standalone import with_batch_knob
 from opsynth.taxonomy import category
@@ -42,6 +52,7 @@ from opsynth.taxonomy import category
 COMPOSER = "offline"
 UNBATCHED_RANK = {"1d": 2, "2d": 3, "3d": 4}
 UNUSED_ATTEMPTS = 4  # draws of a single-operator task spent on operators no chain has used
+CONTAINER_ATTEMPTS = 20  # draws of a chain with a container before it is drawn without one
 COMPOSER_VERSION = synth.__version__
 
 log = logging.getLogger(__name__)
@@ -71,18 +82,20 @@ def compose(
         raise ValueError("compose needs at least one seed task")
     produced = [tuple(ops) for ops in produced]
     sources = _Drawer(seeds, cfg, round_index, config_hash, produced).sampler.sources(n)
+    sources = with_containers(sources, cfg, round_index)
     chunks = [sources[i : i + cfg.chunk_size] for i in range(0, n, cfg.chunk_size)]
     tasks: list[Task] = []
     seen_ids: set[str] = set()
     seen_ops: set[tuple[str, ...]] = set(produced)
 
     def keep(made: list[Task], by_ops: bool) -> list[str]:
-        """Add the tasks not made before; the sources of the others, to draw again."""
+        """Add the tasks not made before; the sources of the others, to draw again (a task
+        with a container from its marked source, so it is drawn with one again)."""
         again = []
         for task in made:
             repeated = by_ops and not task.meta.get("standalone") and tuple(task.ops) in seen_ops
             if task.id in seen_ids or repeated:
-                again.append(task.data_source)
+                again.append(task.data_source + (CONTAINED if "container" in task.meta else ""))
                 continue
             seen_ids.add(task.id)
             seen_ops.add(tuple(task.ops))
@@ -148,6 +161,26 @@ def _compose_chunk(job: tuple, seeds: list[Task] | None = None) -> list[Task]:
         torch.set_num_threads(threads)
     log.debug("chunk %s: %d tasks; rejected draws: %s", chunk, len(tasks), dict(drawer.rejected))
     return tasks
+
+
+# A source drawn with a container: ``torch#2+container`` is one operator and a container.
+CONTAINED = "+container"
+
+
+def with_containers(sources: list[str], cfg: ComposeConfig, round_index: int) -> list[str]:
+    """The sources with ``compose.container_share`` of those of two or more operators marked
+    to be drawn with a container, from an RNG of their own (the draws of a run without
+    containers stay as they were). The mark stays with a draw another chunk repeated, so
+    the share holds where popular operator-and-container pairs meet across chunks."""
+    if cfg.container_share <= 0:
+        return sources
+    rng = random.Random(f"opsynth.containers:{cfg.seed}:{round_index}")
+    return [
+        s + CONTAINED
+        if s != TRANSFORMERS and chain_length(s) > 1 and rng.random() < cfg.container_share
+        else s
+        for s in sources
+    ]
 
 
 def standalone_task(seed: Task, composer: str, config_hash: str, meta: dict) -> Task:
@@ -217,8 +250,12 @@ class _Drawer:
         self.rejected: Counter[str] = Counter()
         self.index = {seed.id: i for i, seed in enumerate(self.seeds)}
         self._fits: dict[tuple[int, str], list[int]] = {}
+        self.container_weights = container_weights(cfg)
+        self.holders = [i for i, seed in enumerate(self.seeds) if may_hold(seed.spec)]
 
     def draw(self, source: str) -> Task:
+        contained = source.endswith(CONTAINED)
+        source = source.removesuffix(CONTAINED)
         if source == TRANSFORMERS:
             seed = self.sampler.standalone_seed()
             if seed is not None:
@@ -227,7 +264,7 @@ class _Drawer:
                 return standalone_task(seed, COMPOSER, self.config_hash, meta)
             self.rejected["transformers_exhausted"] += 1
             source = self.sampler.fallback_source()
-        return self.draw_chain(chain_length(source))
+        return self.draw_chain(chain_length(source), contained)
 
     def _rank(self, seed: Seed) -> int:
         weights = self.cfg.rank_weights
@@ -266,29 +303,49 @@ class _Drawer:
 
         return propose
 
-    def draw_chain(self, k: int) -> Task:
+    def draw_chain(self, k: int, contained: bool = False) -> Task:
+        """A new valid chain of k operators; ``contained``: k - 1 and a container that holds
+        their modules or parameters (``synth.containers``), while one fits."""
         cfg = self.cfg
         tuples = [i for i, seed in enumerate(self.seeds) if seed.returns_tuple]
         for attempt in range(cfg.max_attempts):
+            if contained and attempt == CONTAINER_ATTEMPTS:
+                contained = False  # these seeds rarely give a chain a container fits
+            k_links = k - 1 if contained else k
             tuple_end = bool(tuples) and self.rng.random() < cfg.tuple_output_share
-            first = self.sampler.pick_among(tuples) if tuple_end and k == 1 else None
-            if first is None and k == 1 and attempt < UNUSED_ATTEMPTS:
+            first = self.sampler.pick_among(tuples) if tuple_end and k_links == 1 else None
+            if first is None and k_links == 1 and contained:
+                # one operator and a container: an operator that can hold one, and no task
+                # has computed alone yet (with or without a container)
+                names = self.sampler.names
+                fresh = [i for i in self.holders if self.sampler.is_new((names[i],))]
+                first = self.sampler.pick_among(fresh or self.holders)
+            elif first is None and k_links == 1 and attempt < UNUSED_ATTEMPTS:
                 # a single-operator task goes to an operator no chain has used yet, so the
                 # operators chains rarely fit (complex or boolean outputs) appear at least once
                 first = self.sampler.pick_among(self.sampler.unused())
             if first is None:  # no tuple end wanted, or none of those seeds may be drawn
-                tuple_end = tuple_end and k > 1
+                tuple_end = tuple_end and k_links > 1
                 first = self.sampler.pick_among(range(len(self.seeds)))
             if first is None:
                 break
             try:
-                propose = self._propose(first, k, tuple_end)
-                chain = self.solver.grow(k, self._rank(self.seeds[first]), propose)
+                propose = self._propose(first, k_links, tuple_end)
+                chain = self.solver.grow(k_links, self._rank(self.seeds[first]), propose)
             except Degenerate as exc:
                 self.rejected[exc.reason] += 1
                 continue
+            if contained:
+                container = draw_container(chain, self.rng, self.container_weights)
+                if container is None:
+                    self.rejected["no_container_fits"] += 1
+                    continue
+                chain = replace(chain, container=container)
             ops = chain.ops
-            novel = self.sampler.is_new(ops)
+            # a chain with a container computes what its operators alone do: new if both are
+            novel = self.sampler.is_new(ops) and not (
+                chain.container and not self.sampler.is_new(ops[:-1])
+            )
             if not novel and attempt < cfg.novelty_attempts:
                 self.rejected["seen_ops"] += 1
                 continue
@@ -303,6 +360,8 @@ class _Drawer:
                 self.rejected["duplicate"] += 1
                 continue
             self.sampler.mark(ops, [self.index[link.seed_id] for link in chain.links])
+            if chain.container:
+                self.sampler.mark(ops[:-1])
             self.seen_ids.add(task.id)
             return task
         raise RuntimeError(

@@ -6,7 +6,9 @@ arguments (``get_init_inputs()`` returns them), ``forward`` taking every tensor 
 calling each operator in turn on ``x``, module-level shape constants and ``get_inputs()``
 drawing CPU tensors (``torch.randn``; ``torch.randint`` for an index, a coin flip for a mask).
 Every dim that follows the batch is written ``batch_size``, defined as ``base * scale``, so
-rewriting that one literal resizes the task without solving it again.
+rewriting that one literal resizes the task without solving it again. A chain drawn with a
+container (``synth.containers``) holds its modules or parameters in it and calls them
+through it; the calls themselves are the same.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from opsynth import synth
 from opsynth.record import Task
+from opsynth.synth import containers
 from opsynth.synth.catalog.render import DIM_NAMES, draw_expression, literal
 from opsynth.synth.catalog.spec import CatalogSpec
 from opsynth.synth.chain import Chain, Link, weight_names
@@ -41,14 +44,73 @@ class _Names:
         return name
 
 
-def _attr(spec: CatalogSpec, attrs: set[str]) -> str:
-    base = spec.name.rpartition(".")[2].lower() or "op"
+def _claim(base: str, attrs: set[str]) -> str:
+    """A model attribute named after ``base`` that no other attribute has."""
     name, i = base, 2
     while name in attrs:
         name, i = f"{base}_{i}", i + 1
     attrs.add(name)
     return name
 
+
+def _attr(spec: CatalogSpec, attrs: set[str]) -> str:
+    return _claim(spec.name.rpartition(".")[2].lower() or "op", attrs)
+
+
+def _held_parameters(
+    parameters: dict[str, str], container: str | None, attrs: set[str]
+) -> tuple[dict[str, str], list[str]]:
+    """How the model reads each parameter, and the ``__init__`` lines that hold them: one
+    attribute each, or one ``nn.ParameterList``/``nn.ParameterDict`` for them all."""
+    if not parameters or container not in (containers.PARAMETER_LIST, containers.PARAMETER_DICT):
+        held = {name: f"self.{name}" for name in parameters}
+        return held, [f"self.{name} = {built}" for name, built in parameters.items()]
+    attr = _claim("params", attrs)
+    if container == containers.PARAMETER_LIST:
+        held = {name: f"self.{attr}[{i}]" for i, name in enumerate(parameters)}
+        return held, [f"self.{attr} = nn.ParameterList([{', '.join(parameters.values())}])"]
+    held = {name: f'self.{attr}["{name}"]' for name in parameters}
+    entries = ", ".join(f'"{name}": {built}' for name, built in parameters.items())
+    return held, [f"self.{attr} = nn.ParameterDict({{{entries}}})"]
+
+
+def _held_modules(
+    container: str | None,
+    modules: dict[int, tuple[str, str]],
+    links: tuple[Link, ...],
+    attrs: set[str],
+) -> tuple[dict[int, str], list[str], range | None]:
+    """How the model reads each module link's module (by link index), the ``__init__`` lines
+    that build them, and the links an ``nn.Sequential`` calls as one (None without one).
+    ``modules`` maps each module link to its attribute and constructor call."""
+    run = containers.sequential_run(links) if container == containers.SEQUENTIAL else None
+    if container == containers.MODULE_DICT and modules:
+        attr = _claim("layers", attrs)
+        entries = ", ".join(f'"{name}": {built}' for name, built in modules.values())
+        callees = {i: f'self.{attr}["{name}"]' for i, (name, _) in modules.items()}
+        return callees, [f"self.{attr} = nn.ModuleDict({{{entries}}})"], None
+    callees: dict[int, str] = {}
+    lines: list[str] = []
+    for i, (name, built) in modules.items():
+        if run is not None and i in run[1:]:
+            continue
+        if run is not None and i == run.start:
+            if len(run) > 1:
+                name = _claim("seq", attrs)
+            built = f"nn.Sequential({', '.join(modules[j][1] for j in run)})"
+        callees[i] = f"self.{name}"
+        lines.append(f"self.{name} = {built}")
+    return callees, lines, run
+
+
+# How a task's docstring says what its container holds.
+HELD = {
+    containers.SEQUENTIAL: "its modules held in an nn.Sequential",
+    containers.MODULE_DICT: "its modules held in an nn.ModuleDict",
+    containers.PARAMETER_LIST: "its parameters held in an nn.ParameterList",
+    containers.PARAMETER_DICT: "its parameters held in an nn.ParameterDict",
+    containers.PARAMETER: "its operands held as nn.Parameter",
+}
 
 # Literals that build a tensor when the forward runs (``torch.bucketize``'s boundaries).
 TENSOR_FACTORIES = ("torch.linspace(", "torch.arange(", "torch.tensor(")
@@ -62,11 +124,13 @@ def _on_device(text: str, anchor: str | None) -> str:
     return f"{text[:-1]}, device={anchor}.device)"
 
 
-def _call_parts(link: Link, weights: set[str]) -> list[str]:
+def _call_parts(link: Link, held: dict[str, str]) -> list[str]:
+    """The call's arguments as written; ``held`` maps each parameter to how the model reads
+    it (``self.weight``, ``self.params[0]``)."""
     parts = []
 
     def ref(name: str) -> str:
-        return f"self.{name}" if name in weights else name
+        return held.get(name, name)
 
     anchor = None  # the call's first single tensor argument, as written
     for i, (arg, name) in enumerate(zip(link.spec.args, link.inputs, strict=True)):
@@ -90,10 +154,11 @@ def _call_parts(link: Link, weights: set[str]) -> list[str]:
     return parts
 
 
-def _expression(link: Link, attr: str, weights: set[str], whole: bool = False) -> str:
-    spec, parts = link.spec, _call_parts(link, weights)
+def _expression(link: Link, callee: str, held: dict[str, str], whole: bool = False) -> str:
+    """The link's call; ``callee`` is how the model reads a module link's module."""
+    spec, parts = link.spec, _call_parts(link, held)
     if spec.kind == "module":
-        call = f"self.{attr}({', '.join(parts)})"
+        call = f"{callee}({', '.join(parts)})"
     elif spec.kind == "operator":
         call = (
             f"({f' {spec.target} '.join(parts)})" if link.pick else f" {spec.target} ".join(parts)
@@ -146,35 +211,43 @@ def render_code(chain: Chain) -> str:
         return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
     init_params: list[str] = []
-    init_lines: list[str] = []
-    forward: list[str] = []
     attrs: set[str] = set(weights)
-    for name in sorted(weights, key=list(specs).index):
-        shape = literal(tuple(specs[name].shape))
-        init_lines.append(f"self.{name} = nn.Parameter({draw_expression(specs[name], shape)})")
-    for link in chain.links:
-        attr = ""
+    parameters = {
+        name: f"nn.Parameter({draw_expression(specs[name], literal(tuple(specs[name].shape)))})"
+        for name in sorted(weights, key=list(specs).index)
+    }
+    held, init_lines = _held_parameters(parameters, chain.container, attrs)
+    modules: dict[int, tuple[str, str]] = {}  # link index -> (attribute, constructor call)
+    for i, link in enumerate(chain.links):
         if link.spec.kind == "module":
-            attr = _attr(link.spec, attrs)
             positional = [names.define(role, literal(value)) for role, value in link.spec.init]
             init_params += positional
             keywords = [f"{k}={literal(v)}" for k, v in link.spec.init_kwargs]
-            init_lines.append(
-                f"self.{attr} = {link.spec.target}({', '.join(positional + keywords)})"
-            )
-        whole = chain.returns_tuple and link is chain.links[-1]
-        forward.append(f"x = {_expression(link, attr, weights, whole)}")
+            built = f"{link.spec.target}({', '.join(positional + keywords)})"
+            modules[i] = (_attr(link.spec, attrs), built)
+    callees, module_lines, run = _held_modules(chain.container, modules, chain.links, attrs)
+    init_lines += module_lines
+    forward: list[str] = []
+    for i, link in enumerate(chain.links):
+        if run is not None and i in run[1:]:  # called through the nn.Sequential's first
+            continue
+        last = chain.links[run.stop - 1] if run is not None and i == run.start else link
+        whole = chain.returns_tuple and last is chain.links[-1]
+        call = _expression(link, callees.get(i, ""), held, whole=True)
+        forward.append(f"x = {call}" + ("" if whole else "".join(f"[{p}]" for p in last.pick)))
 
     draws = [
         f"    {name} = {draw_expression(arg, shape_source(name, arg.shape))}"
         for name, arg in inputs.items()
     ]
-    ops = chain.ops
+    ops = [link.name for link in chain.links]
     doc = (
         f"Single operator: {ops[0]}."
         if len(ops) == 1
         else f"Fused chain of {len(ops)} operators: {' -> '.join(ops)}."
     )
+    if chain.container:
+        doc = doc[:-1] + f", {HELD[chain.container]}."
     if chain.returns_tuple:
         doc = doc[:-1] + ", returning the last operator's whole output."
     params = "".join(f", {p}" for p in init_params)
@@ -232,7 +305,7 @@ def describe(chain: Chain) -> dict[str, Any]:
         "returns_tuple": chain.returns_tuple,
         "batch_size": chain.batch,
         "scale": 1,
-    }
+    } | ({"container": chain.container} if chain.container else {})
 
 
 def render_task(

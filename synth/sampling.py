@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 
 from opsynth.config import ComposeConfig
 from opsynth.record import Task
+from opsynth.synth.containers import CONTAINERS, without_container
 
 TRANSFORMERS = "transformers"
 _TORCH_KEY = re.compile(r"torch#([1-9][0-9]*)")
@@ -99,8 +100,19 @@ def profile_arguments(cfg: ComposeConfig) -> dict:
     return profile.arguments if profile is not None else {}
 
 
+def container_weights(cfg: ComposeConfig) -> dict[str, float]:
+    """How often ``cfg.profile``'s set names each container (``synth.containers``), the
+    weights a chain's container is drawn by; alike without a profile."""
+    profile = _profile(cfg.profile)
+    if profile is None:
+        return dict.fromkeys(CONTAINERS, 1.0)
+    return {name: float(profile.ops.get(name, 0)) for name in CONTAINERS}
+
+
 def profile_weights(names: Sequence[str], cfg: ComposeConfig) -> list[float]:
-    """The base draw weight of each name under ``cfg.profile`` and ``cfg.op_weights``."""
+    """The base draw weight of each name under ``cfg.profile`` and ``cfg.op_weights``. With
+    ``compose.container_share`` the profile's containers are drawn as containers, so their
+    counts weigh no catalogue operator (not even a catalogue seed of the same name)."""
     from opsynth.taxonomy import category
 
     profile = _profile(cfg.profile)
@@ -108,9 +120,11 @@ def profile_weights(names: Sequence[str], cfg: ComposeConfig) -> list[float]:
         weights = [1.0] * len(names)
     else:
         present = set(names)
-        counts = {n: float(c) for n, c in profile.ops.items() if n in present}
+        drawn_apart = set(CONTAINERS) if cfg.container_share > 0 else set()
+        profiled = {n: c for n, c in profile.ops.items() if n not in drawn_apart}
+        counts = {n: float(c) for n, c in profiled.items() if n in present}
         missing: dict[str, float] = {}
-        for name, count in profile.ops.items():
+        for name, count in profiled.items():
             if name not in present:
                 missing[category(name)] = missing.get(category(name), 0.0) + count
         by_category: dict[str, list[str]] = {}
@@ -184,6 +198,8 @@ class Sampler:
         self.weights = list(self.base)
         self.mix = effective_mix(cfg.mix, chains=total > 0, standalone=bool(self.standalone))
         self.produced: set[tuple[str, ...]] = {tuple(ops) for ops in produced}
+        if cfg.container_share > 0:  # a task with a container stands for its operators too
+            self.produced |= {without_container(ops) for ops in self.produced}
         self.used_names = {name for ops in self.produced for name in ops}
         self._count_produced()
         unknown = sorted(set(cfg.op_weights) - set(self.names))
@@ -198,6 +214,7 @@ class Sampler:
         known = set(self.names)
         index = {name: i for i, name in enumerate(self.names)}
         for ops in self.produced:
+            ops = tuple(name for name in ops if name in known or name not in CONTAINERS)
             if ops and all(name in known for name in ops):
                 self._count_task([index[name] for name in ops])
         if self.tasks_marked:

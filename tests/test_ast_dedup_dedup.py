@@ -177,6 +177,40 @@ def test_sequential_containers_list_their_layers():
     assert graph_labels(code)[1] == "sequential[linear,tanh]"
 
 
+def test_a_module_dict_call_is_labelled_with_the_module_it_holds_under_that_key():
+    """``self.layers["a"](x)`` calls the module stored under ``"a"``: one ModuleDict task
+    of a linear layer and one of a tanh are different structures, not two anonymous calls."""
+    held = {"linear": "nn.Linear(in_features, out_features)", "tanh": "nn.Tanh()"}
+    graphs = []
+    for key, built in held.items():
+        code = BASE.replace(
+            "self.linear = nn.Linear(in_features, out_features)",
+            f'self.layers = nn.ModuleDict({{"{key}": {built}, "other": nn.ReLU()}})',
+        ).replace("self.linear(x)", f'self.layers["{key}"](x)')
+        assert graph_labels(code)[1] == key, code
+        graphs.append(structural_hash(forward_graph(_model(code))))
+    assert graphs[0] != graphs[1]
+    # the same layer held in a dict or as an attribute is the same structure
+    plain = structural_hash(forward_graph(_model(BASE)))
+    assert graphs[0] == plain
+
+
+def test_a_parameter_held_in_a_list_or_dict_is_a_parameter_of_the_graph():
+    attribute = BASE.replace("self.scale = scale", "self.scale = nn.Parameter(torch.ones(1))")
+    held = {
+        "nn.ParameterList([nn.Parameter(torch.ones(1))])": "self.scale[0]",
+        'nn.ParameterDict({"s": nn.Parameter(torch.ones(1))})': 'self.scale["s"]',
+    }
+    plain = structural_hash(forward_graph(_model(attribute)))
+    assert "parameter" in graph_labels(attribute)
+    for holder, read in held.items():
+        code = BASE.replace("self.scale = scale", f"self.scale = {holder}").replace(
+            "x * self.scale", f"x * {read}"
+        )
+        assert "parameter" in graph_labels(code), code
+        assert structural_hash(forward_graph(_model(code))) == plain, code
+
+
 def test_graph_is_built_without_running_the_code(tmp_path: Path):
     marker = tmp_path / "ran"
     code = f"open({str(marker)!r}, 'w').write('x')\n" + BASE

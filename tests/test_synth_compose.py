@@ -96,8 +96,10 @@ def run_task(task: Task, code: str | None = None):
 
 def composed(seeds, *wanted: str, n: int = 2, **settings) -> list[Task]:
     """n tasks drawn only from ``wanted``; a chain ends on a whole tuple output only when
-    ``tuple_output_share`` says so (0 by default, so each test sees the kind it names)."""
+    ``tuple_output_share`` says so, and is written with a container only when
+    ``container_share`` does (0 by default, so each test sees the kind it names)."""
     settings.setdefault("tuple_output_share", 0.0)
+    settings.setdefault("container_share", 0.0)
     tasks = compose(seeds, only(seeds, *wanted, **settings), n=n)
     assert len(tasks) == n and len({t.id for t in tasks}) == n
     for task in tasks:
@@ -142,12 +144,13 @@ def test_rows_are_distinct_kernelbench_tasks_citing_their_seeds(catalogue_seeds,
         tree = ast.parse(task.code)
         defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
         assert {"Model", "get_inputs", "get_init_inputs"} <= defined
-        assert task.ops == [seed_names[i] for i in task.seed_ids]
+        held = [task.meta["container"]] if "container" in task.meta else []
+        assert task.ops == [seed_names[i] for i in task.seed_ids] + held
         assert task.data_source == f"torch#{len(task.ops)}" and 1 <= len(task.ops) <= 5
         assert task.composer == COMPOSER and task.composer_version == synth.__version__
         assert task.config_hash == "cafe"
         assert all(op in ast.get_docstring(tree) for op in task.ops)
-        assert [link["name"] for link in task.meta["links"]] == task.ops
+        assert [link["name"] for link in task.meta["links"]] + held == task.ops
 
 
 def test_every_sampled_task_runs_on_cpu(sample):

@@ -286,6 +286,18 @@ class ComposeConfig(_Section):
         "the task holds as parameters, or another operator is drawn. Set so that about 15% "
         "of accepted tasks have several inputs, as in Ops-6K",
     )
+    container_share: float = Field(
+        json_schema_extra=added_with(0.0),
+        default=0.04,
+        ge=0,
+        le=1,
+        description="share of chains of two or more operators written with a container "
+        "(nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict, nn.Parameter) "
+        "holding their modules or parameters, which counts as one of the chain's operators as "
+        "Ops-6K counts it (its share: 225 of 5,725 chains; the profile's counts pick which "
+        "container); 0 = none, and the profile's container counts go to the catalogue's "
+        "uncategorised operators, what runs composed before (v1.0.0's config pins it)",
+    )
     batch_range: tuple[int, int] = Field(
         default=(2, 65536),
         description="batch sizes the cost model may pick (for a rank-1 input, its length); 2+ "
