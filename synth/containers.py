@@ -14,7 +14,7 @@ containers fit depends on what the chain holds: modules for ``nn.Sequential`` an
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the sampler reads the names below without importing torch
@@ -68,17 +68,36 @@ def may_hold(spec: CatalogSpec) -> bool:
 
 def fitting(chain: Chain) -> list[str]:
     """The containers ``chain`` can be written with (none it already calls as an operator)."""
+    import torch
+
     from opsynth.synth.chain import weight_names
 
     held = set(chain.ops)
+    modules = [
+        link.spec.name.rpartition(".")[2].lower()
+        for link in chain.links
+        if link.spec.kind == "module"
+    ]
+    parameters = weight_names(chain)
     fits = []
     if sequential_run(chain.links) is not None:
         fits.append(SEQUENTIAL)
-    if any(link.spec.kind == "module" for link in chain.links):
+    if modules and _free_keys(modules, torch.nn.ModuleDict):
         fits.append(MODULE_DICT)
-    if weight_names(chain):
-        fits += [PARAMETER_LIST, PARAMETER_DICT, PARAMETER]
+    if parameters:
+        fits.append(PARAMETER_LIST)
+        if _free_keys(parameters, torch.nn.ParameterDict):
+            fits.append(PARAMETER_DICT)
+        fits.append(PARAMETER)
     return [name for name in fits if name not in held]
+
+
+def _free_keys(keys: Iterable[str], holder: type) -> bool:
+    """Whether a dict container can hold these keys (its modules' attribute names, its
+    parameters' names): torch refuses a key that is already an attribute of the container
+    (``values``, ``keys``, ``update``...)."""
+    empty = holder()
+    return not any(hasattr(empty, key) for key in keys)
 
 
 def draw_container(chain: Chain, rng: random.Random, weights: Mapping[str, float]) -> str | None:

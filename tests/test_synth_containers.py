@@ -17,7 +17,8 @@ import torch
 from opsynth.config import ComposeConfig
 from opsynth.filters.static_check import check_source
 from opsynth.record import Task
-from opsynth.synth.chain import weight_names
+from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
+from opsynth.synth.chain import Chain, Link, weight_names
 from opsynth.synth.compose import CONTAINED, composable, compose, with_containers
 from opsynth.synth.containers import CONTAINERS, fitting, sequential_run
 from opsynth.synth.degenerate import Degenerate
@@ -103,6 +104,23 @@ def test_a_chain_holding_no_module_or_parameter_fits_no_container(catalogue_seed
     chain = solved(catalogue_seeds, ["torch.tanh", "torch.relu"], 2)
     assert not weight_names(chain)
     assert fitting(chain) == []
+
+
+def test_a_parameter_named_like_a_dict_method_is_never_a_parameter_dict_key():
+    """torch refuses ``nn.ParameterDict({"values": ...})``: ``values`` is one of its methods."""
+    spec = CatalogSpec(
+        "torch",
+        "torch.add",
+        "function",
+        "torch.add",
+        args=(InputSpec("input", (2, 16)), InputSpec("values", (16,))),
+    )
+    chain = Chain((Link("a", spec, None, ("x", "values")),), batch=2, batch_dims={"x": (0,)})
+    assert weight_names(chain) == {"values"}
+    assert "nn.ParameterDict" not in fitting(chain)
+    assert {"nn.ParameterList", "nn.Parameter"} <= set(fitting(chain))
+    with pytest.raises(KeyError):
+        torch.nn.ParameterDict({"values": torch.nn.Parameter(torch.ones(1))})
 
 
 def test_container_share_writes_containers_counted_among_the_ops(catalogue_seeds):
