@@ -13,6 +13,14 @@ from typing import Any
 import torch
 
 DETAIL_LIMIT = 2000
+# What cuDNN, cuSOLVER and cuBLAS say when they cannot set up a handle, which on a device
+# the other workers' candidates have filled is memory: classified ``oom``, so the task runs
+# again alone (``filters.retry_alone``) and the verdict it gets there stands.
+HANDLE_FAILURES = (
+    "CUDNN_STATUS_INTERNAL_ERROR",
+    "cusolverDnCreate",
+    "CUBLAS_STATUS_NOT_INITIALIZED",
+)
 
 
 class Fail(Exception):
@@ -49,6 +57,9 @@ def classify(exc: BaseException, default: str) -> str:
     lowered = text.lower()
     # cuBLAS/cuDNN/cuFFT handles that cannot get their workspace: the device is out of memory
     if "out of memory" in lowered or "can't allocate memory" in lowered or "ALLOC_FAILED" in text:
+        return "oom"
+    # libraries that report a handle they could not create on a full device in other words
+    if any(marker in text for marker in HANDLE_FAILURES):
         return "oom"
     # the process/thread limit (RLIMIT_NPROC) refused a new thread or process
     if "can't start new thread" in lowered or (

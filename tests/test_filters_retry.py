@@ -43,3 +43,21 @@ def test_library_workspace_failures_are_out_of_memory() -> None:
         "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
     )
     assert classify(error, "forward_error") == "oom"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+        "cusolver error: CUSOLVER_STATUS_INTERNAL_ERROR, when calling `cusolverDnCreate(handle)`",
+        "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`",
+    ],
+)
+def test_a_handle_a_library_cannot_create_on_a_full_device_is_out_of_memory(message) -> None:
+    """What an H100 shared by 16 workers running tasks sized for a 139 GB device raised in
+    their forwards (an eager ``forward_error`` each, before): the memory was the
+    neighbours', so the task gets ``oom`` and its run alone decides."""
+    assert classify(RuntimeError(message), "forward_error") == "oom"
+    assert classify(RuntimeError("CUSOLVER_STATUS_INVALID_VALUE"), "forward_error") == (
+        "forward_error"
+    )
