@@ -41,12 +41,12 @@ def main() -> None:
     settings = {}
     for item in args.set:
         key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: give KEY=VALUE")
         try:
             settings[key] = json.loads(value)
         except json.JSONDecodeError:
             settings[key] = value
-        if not sep:
-            parser.error(f"--set {item!r}: give KEY=VALUE")
     try:
         cfg = ComposeConfig(profile=args.profile, **settings)
     except ValidationError as exc:

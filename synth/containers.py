@@ -58,6 +58,12 @@ def sequential_run(links: Sequence[Link]) -> range | None:
     return range(start, end)
 
 
+def attribute_name(spec: CatalogSpec) -> str:
+    """The model attribute a module operator is built as (``nn.Conv2d`` -> ``conv2d``), and
+    its key in an ``nn.ModuleDict``."""
+    return spec.name.rpartition(".")[2].lower() or "op"
+
+
 def may_hold(spec: CatalogSpec) -> bool:
     """Whether a chain of this operator alone may take a container: a module does, and so
     does an operator with a float tensor operand besides its input (a parameter, when the
@@ -73,11 +79,7 @@ def fitting(chain: Chain) -> list[str]:
     from opsynth.synth.chain import weight_names
 
     held = set(chain.ops)
-    modules = [
-        link.spec.name.rpartition(".")[2].lower()
-        for link in chain.links
-        if link.spec.kind == "module"
-    ]
+    modules = [attribute_name(link.spec) for link in chain.links if link.spec.kind == "module"]
     parameters = weight_names(chain)
     fits = []
     if sequential_run(chain.links) is not None:

@@ -54,7 +54,7 @@ def _claim(base: str, attrs: set[str]) -> str:
 
 
 def _attr(spec: CatalogSpec, attrs: set[str]) -> str:
-    return _claim(spec.name.rpartition(".")[2].lower() or "op", attrs)
+    return _claim(containers.attribute_name(spec), attrs)
 
 
 def _held_parameters(

@@ -198,10 +198,10 @@ class Sampler:
         self.weights = list(self.base)
         self.mix = effective_mix(cfg.mix, chains=total > 0, standalone=bool(self.standalone))
         self.produced: set[tuple[str, ...]] = {tuple(ops) for ops in produced}
-        if cfg.container_share > 0:  # a task with a container stands for its operators too
-            self.produced |= {without_container(ops) for ops in self.produced}
         self.used_names = {name for ops in self.produced for name in ops}
         self._count_produced()
+        if cfg.container_share > 0:  # a task with a container stands for its operators too
+            self.produced |= {without_container(ops) for ops in self.produced}
         unknown = sorted(set(cfg.op_weights) - set(self.names))
         if unknown:
             log.info("compose.op_weights names ops not in the seed set: %s", unknown)

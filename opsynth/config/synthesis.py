@@ -294,7 +294,7 @@ class ComposeConfig(_Section):
         description="share of chains of two or more operators written with a container "
         "(nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict, nn.Parameter) "
         "holding their modules or parameters, which counts as one of the chain's operators as "
-        "Ops-6K counts it (its share: 225 of 5,725 chains; the profile's counts pick which "
+        "Ops-6K counts it (its share: benchmarks/RESULTS.md; the profile's counts pick which "
         "container); 0 = none, and the profile's container counts go to the catalogue's "
         "uncategorised operators, what runs composed before (v1.0.0's config pins it)",
     )
