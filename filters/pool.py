@@ -117,6 +117,9 @@ class WorkerPool(RetryAlone, SandboxChoice, WorkerLifecycle, WorkerEvents):
             "last_result_at": None,
             "retried_alone": 0,
             "retried_alone_s": 0.0,
+            # Running jobs stopped because their caller gave up on them (``cancel``, at a
+            # time limit): their workers were replaced.
+            "cancelled": 0,
             # Waiting processes (prestarted or kept, each with its CUDA context) killed so that
             # a retried task had the device to itself.
             "retry_released": 0,
@@ -245,18 +248,40 @@ class WorkerPool(RetryAlone, SandboxChoice, WorkerLifecycle, WorkerEvents):
             self._queue.extend((ticket, job) for job in unique.values())
         return ticket
 
-    def wait(self, ticket: Ticket, *, retry: bool = True) -> dict[str, list[Verdict]]:
+    def wait(
+        self, ticket: Ticket, *, retry: bool = True, until: float | None = None
+    ) -> dict[str, list[Verdict]]:
         """Drive the pool until ``ticket``'s batch is done (from the thread that owns the pool,
         see the module doc); then retry alone what ``retry_alone`` names, unless ``retry`` is
         false: the caller then gathers such batches for one ``retry_alone`` call. Per task id,
-        in the batch's order."""
+        in the batch's order. ``until`` (seconds since the epoch): stop driving then, done or
+        not; ``ticket.done`` says which, and the verdicts so far are returned (a caller that
+        gives up on the rest withdraws them with ``cancel``)."""
         with self._lock:
             if ticket.jobs:
                 self.start()
-                self._drive([ticket], len(self._workers))
-                if retry:
+                self._drive([ticket], len(self._workers), until=until)
+                if retry and ticket.done:
                     self._retry_alone([ticket])
-            return {task_id: ticket.results[task_id] for task_id in ticket.jobs}
+            return {t: ticket.results[t] for t in ticket.jobs if t in ticket.results}
+
+    def cancel(self, tickets: list[Ticket]) -> int:
+        """Withdraw these batches' queued jobs and stop their running ones (each such worker is
+        killed and replaced), so that a caller that stops waiting, at a time limit, leaves
+        nothing of theirs on the pool. How many running jobs were stopped."""
+        with self._lock:
+            with self._queue_lock:
+                kept = [item for item in self._queue if not any(item[0] is t for t in tickets)]
+                self._queue.clear()
+                self._queue.extend(kept)
+            stopped = 0
+            for worker in list(self._workers):
+                if worker is not None and any(worker.ticket is t for t in tickets):
+                    worker.task = worker.ticket = None
+                    self._replace(worker)
+                    stopped += 1
+            self.stats["cancelled"] += stopped
+            return stopped
 
     def retry_alone(self, tickets: list[Ticket]) -> None:
         """Retry alone, together, the finished batches' tasks whose verdict ``retry_alone``
@@ -306,12 +331,15 @@ class WorkerPool(RetryAlone, SandboxChoice, WorkerLifecycle, WorkerEvents):
         parallel: int,
         only: list[Ticket] | None = None,
         release: bool = False,
+        until: float | None = None,
     ) -> None:
         """Feed queued jobs to idle workers (``only``'s, or any batch's in queue order), at most
-        ``parallel`` candidates running at once, until every one of ``tickets`` is done. With
-        ``release``, nothing starts before every worker is idle and has let go of its waiting
-        processes."""
+        ``parallel`` candidates running at once, until every one of ``tickets`` is done (or
+        ``until``, seconds since the epoch, has come). With ``release``, nothing starts before
+        every worker is idle and has let go of its waiting processes."""
         while not all(ticket.done for ticket in tickets):
+            if until is not None and time.time() >= until:
+                return
             busy = sum(1 for w in self._workers if w is not None and w.state == "busy")
             if release and not any(
                 w is None or w.state in ("busy", "starting") for w in self._workers

@@ -112,8 +112,9 @@ def size_and_screen(
     other candidates, which a sized variant may not take. One work file pair per chunk: a
     resumed run reuses a finished chunk whole. From ``stop_at`` (seconds since the epoch) less
     the pool's job latency (``pool.latency``) no candidate starts, so those begun end about
-    by ``stop_at``, nor a set-aside retry; a chunk left unfinished then raises
-    ``ChunkStopped`` (the jobs not retried are not journaled: a later invocation runs them).
+    by ``stop_at``, nor a set-aside retry, and a job still running well past it is abandoned
+    (``JobLatency.abandon_at``); a chunk left unfinished then raises ``ChunkStopped`` (the
+    jobs not retried or abandoned are not journaled: a later invocation runs them).
     ``ahead``: the next chunk, whose first jobs start on workers this chunk's tail leaves idle
     (``Prefetch``, kept on ``pool`` for the next call)."""
     stage = stage_name(cfg)
@@ -146,15 +147,19 @@ def size_and_screen(
         )
         pipeline.stop_at = stop_at
         pipeline.run()
+        if pipeline.abandoned and upcoming is not None:  # nothing of this run stays on the pool
+            pool.get().cancel(list(upcoming.started.values()))
+            upcoming = None
         pool.prefetch = upcoming
         for _ in range(pipeline.replayed):
             ledger.note(stage + JOBS_SUFFIX, True)
         for _ in range(pipeline.taken_over):
             ledger.note(stage + AHEAD_SUFFIX, False)
-        if pipeline.backlog or pipeline.deferred:
+        if pipeline.backlog or pipeline.deferred or pipeline.abandoned:
             raise ChunkStopped(
                 f"{len(pipeline.backlog)} candidates not started, "
-                f"{len(pipeline.deferred)} jobs not retried"
+                f"{len(pipeline.deferred)} jobs not retried, "
+                f"{pipeline.abandoned} abandoned past the limit"
             )
     verdicts = [
         v for i, task in enumerate(chunk.final) for v in chunk.pre[i] + _executed(chunk, i, task)
@@ -374,6 +379,7 @@ class _Pipeline:
         # candidates waiting for their first job (a probe, or their filtering if not sized)
         self.backlog: deque[Callable[[], None]] = deque()
         self.outstanding = 0  # submitted jobs not handled yet
+        self.abandoned = 0  # jobs given up well past the time limit (``_abandon``)
         # the pool has started (LazyPool.get), so its worker count is known
         self.lookahead = LOOKAHEAD_PER_WORKER * max(1, int(pool.stats.get("workers") or 1))
 
@@ -392,7 +398,11 @@ class _Pipeline:
                 continue
             pending = self.queue.popleft()
             if not pending.replayed:
-                self.pool.wait(pending.ticket, retry=False)
+                self.pool.wait(pending.ticket, retry=False, until=self._abandon_at())
+                if not pending.ticket.done:  # still running well past the limit
+                    self.queue.appendleft(pending)
+                    self._abandon()
+                    break
                 if self._awaits_retry(pending):
                     self.deferred.append(pending)
                     self._feed()
@@ -406,6 +416,21 @@ class _Pipeline:
         self.pool.retry_alone([pending.ticket for pending in deferred])
         for pending in deferred:
             self._settle(pending)
+
+    def _abandon_at(self) -> float | None:
+        return self.latency.abandon_at(self.stop_at)
+
+    def _abandon(self) -> None:
+        """Give up the jobs still in flight at ``_abandon_at``: those already finished are
+        journaled (a later invocation replays them), the others are withdrawn from the pool
+        (their workers replaced) and run again by a later invocation."""
+        waiting = [p for p in self.queue if not p.replayed and not p.settled]
+        for pending in waiting:
+            if pending.ticket.done and not self._awaits_retry(pending):
+                self.journal.record(pending.key, pending.ticket.results)
+        unfinished = [p.ticket for p in waiting if not p.ticket.done]
+        self.abandoned = len(unfinished)
+        self.pool.cancel(unfinished)
 
     def _late(self) -> bool:
         """Past the time limit less the jobs' latency: no job starts any more."""

@@ -6,10 +6,12 @@ journal, ``flows.size_screen.Journal``) and leaves the dataset files as an earli
 wrote them, so the run stops by itself instead. A pipelined chunk starts no candidate after
 the limit less the time a job takes to come back (``JobLatency``), then ends once those in
 flight are done (``flows.size_screen``): they end about at the limit, not a job's length after
-it. On the other paths the next chunk starts only if the longest chunk this invocation has
-computed would still end before the limit. Either way the run writes what it has, and a later
-invocation on any host resumes from the work on disk. Plain functions and dataclasses: no clock
-of its own, testable alone.
+it. A job still running well past the limit (``JobLatency.abandon_at``: one stuck, or slowed
+by a device its neighbours fill) is abandoned and runs again in a later invocation, so that
+the limit holds without waiting out its own timeout. On the other paths the next chunk starts
+only if the longest chunk this invocation has computed would still end before the limit.
+Either way the run writes what it has, and a later invocation on any host resumes from the
+work on disk. Plain functions and dataclasses: no clock of its own, testable alone.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class ChunkClock:
 # by the limit, and one slow outlier does not stop the run early.
 LATENCY_QUANTILE = 0.9
 
+# The least time past the limit a job begun before it may take before it is abandoned: a job
+# started at the cutoff ends about at the limit, and one that ends a little later is not lost.
+OVERRUN_S = 30.0
+
 
 @dataclass
 class JobLatency:
@@ -58,6 +64,7 @@ class JobLatency:
     chunks, so that the last jobs are started early enough to end by the limit."""
 
     seconds: list[float] = field(default_factory=list)  # kept sorted
+    overrun_s: float = OVERRUN_S
 
     def __post_init__(self) -> None:
         self.seconds.sort()
@@ -71,5 +78,17 @@ class JobLatency:
         latencies seen; ``stop_at`` itself before any job came back."""
         if stop_at is None or not self.seconds:
             return stop_at
+        return stop_at - self._usual()
+
+    def abandon_at(self, stop_at: float | None) -> float | None:
+        """When jobs still running are given up: ``stop_at`` plus ``overrun_s`` or a usual
+        job's latency, whichever is longer. Jobs begun by the cutoff normally end by the
+        limit; one running that far past it is stuck or slowed, and its own timeout
+        (``filters.task_timeout_s``, minutes) would overrun a lease that ends at the limit."""
+        if stop_at is None:
+            return None
+        return stop_at + max(self.overrun_s, self._usual() if self.seconds else 0.0)
+
+    def _usual(self) -> float:
         index = min(len(self.seconds) - 1, int(LATENCY_QUANTILE * len(self.seconds)))
-        return stop_at - self.seconds[index]
+        return self.seconds[index]

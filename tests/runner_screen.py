@@ -170,6 +170,8 @@ def both_paths(out: str, cfg: RunConfig, progress) -> dict:
         result["too_fast"] = too_fast(out, cfg, pool, progress)
         result["resumed"] = resumed(out, cfg, chunk, progress)
         result["retried"] = retried_together(out, cfg, progress)
+        # before the paths that use the pool after it: the pool keeps working once cancelled
+        result["abandoned"] = abandoned(out, cfg, pool, progress)
         result["ahead"] = ahead_of_time(out, cfg, pool, progress)
         result["as_given"] = as_given(out, cfg, pool, progress)
     finally:
@@ -270,6 +272,42 @@ def as_given(out: str, cfg: RunConfig, pool, progress) -> dict:
         "verdicts": verdicts,
         "jobs": pool.pool.stats["candidates"] - jobs,
         "taken_over": ledger.computed.get(AS_GIVEN + AHEAD_SUFFIX, 0),
+    }
+
+
+def abandoned(out: str, cfg: RunConfig, pool, progress) -> dict:
+    """A quick task and one whose forward never returns, checked as given with a time limit
+    fifteen seconds away and two seconds' overrun allowed: how long the chunk took to stop,
+    against the job's own timeout, what the journal kept and what the pool cancelled."""
+    from opsynth.deadline import JobLatency
+    from opsynth.flows.audit import as_given as audit_settings
+    from opsynth.flows.size_screen import JOURNAL_SUFFIX, ChunkStopped, Journal, size_and_screen
+    from opsynth.flows.stages import WorkLedger
+    from opsynth.store import RunDir
+
+    run_cfg = audit_settings(cfg.with_section("sizing", pipelined=True))
+    run = RunDir.create(Path(out) / "abandoned")
+    stuck = task_source("while x.numel() > 0:\n            x = x + 0\n        return x")
+    chunk = [tasks()[4], Task(ops=["stuck"], data_source="torch#1", code=stuck)]
+    kept, pool.latency = pool.latency, JobLatency(overrun_s=2.0)
+    cancelled = pool.get().stats["cancelled"]
+    started, stopped = time.time(), ""
+    try:
+        size_and_screen(
+            run, run_cfg, chunk, "cpu", pool, WorkLedger(), progress, set(), started + 15
+        )
+    except ChunkStopped as exc:
+        stopped = str(exc)
+    finally:
+        pool.latency = kept
+    [journal] = (run.root / "work").glob(f"*{JOURNAL_SUFFIX}")
+    return {
+        "stopped": stopped,
+        "seconds": round(time.time() - started, 1),
+        "job_timeout_s": run_cfg.filters.task_timeout_s + run_cfg.filters.grace_s,
+        "journaled": [task_id for job in Journal(journal).done.values() for task_id in job],
+        "quick_id": chunk[0].id,
+        "cancelled": pool.pool.stats["cancelled"] - cancelled,
     }
 
 

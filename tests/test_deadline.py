@@ -1,9 +1,10 @@
 """The time limit's rules: a chunk starts only if the longest computed one would still fit;
-a pipelined job only if a job's usual latency would still end by the limit."""
+a pipelined job only if a job's usual latency would still end by the limit, and one still
+running well past it is abandoned."""
 
 from __future__ import annotations
 
-from opsynth.deadline import ChunkClock, JobLatency
+from opsynth.deadline import OVERRUN_S, ChunkClock, JobLatency
 
 
 def test_no_limit_always_allows() -> None:
@@ -65,3 +66,12 @@ def test_the_last_job_starts_a_usual_latency_before_the_limit() -> None:
     assert latency.cutoff(100.0) == 90.0
     many = JobLatency([2.0] * 99 + [60.0])
     assert many.cutoff(100.0) == 98.0
+
+
+def test_jobs_still_running_well_past_the_limit_are_abandoned() -> None:
+    """At the limit plus the longer of the overrun allowance and a usual job's latency: a
+    job that would end by its own timeout minutes later does not hold the invocation."""
+    assert JobLatency().abandon_at(None) is None
+    assert JobLatency().abandon_at(100.0) == 100.0 + OVERRUN_S  # nothing came back yet
+    assert JobLatency([2.0] * 10, overrun_s=5.0).abandon_at(100.0) == 105.0
+    assert JobLatency([2.0] + [40.0] * 9, overrun_s=5.0).abandon_at(100.0) == 140.0

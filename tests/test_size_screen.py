@@ -142,6 +142,18 @@ def test_a_chunk_stopped_or_killed_mid_way_resumes_from_its_journal(paths: dict)
         assert (got or {}).get("chosen") == (want or {}).get("chosen")
 
 
+def test_a_job_still_running_well_past_the_limit_is_abandoned_not_waited_for(paths) -> None:
+    """A forward that never returns holds the chunk only until the limit plus the overrun
+    allowance, not until its own timeout: it is withdrawn from the pool (its worker
+    replaced, and the pool keeps serving the paths after this one) and not journaled, so a
+    later invocation runs it; the job that finished is journaled."""
+    abandoned = paths["abandoned"]
+    assert abandoned["stopped"].endswith("1 abandoned past the limit"), abandoned
+    assert 15 <= abandoned["seconds"] < abandoned["job_timeout_s"], abandoned
+    assert abandoned["journaled"] == [abandoned["quick_id"]], abandoned
+    assert abandoned["cancelled"] == 1, abandoned
+
+
 def test_the_next_chunks_first_jobs_run_on_workers_the_tail_leaves_idle(paths: dict) -> None:
     """Started while the first chunk's last job runs, taken over by the second chunk's
     pipeline: no job runs twice, and the second chunk decides as it does alone."""
@@ -198,7 +210,7 @@ def test_a_chunks_oom_jobs_are_retried_together_after_the_rest(paths: dict) -> N
     assert sorted(log[i][1] for i in waves) == [0, 1], log
     # past the time limit's cutoff nothing set aside is retried or journaled: the chunk stops
     assert retried["late_retry_calls"] == [], retried
-    assert retried["late_stopped"].endswith(", 1 jobs not retried"), retried
+    assert ", 1 jobs not retried, 0 abandoned" in retried["late_stopped"], retried
     assert not set(ooms) & set(retried["late_journaled"]), retried
     assert set(retried["late_journaled"]) <= set(others), retried
 
