@@ -100,7 +100,8 @@ def audit(
             computed = sum(ledger.computed.values())
             try:
                 rows = audit_chunk(run, checks, chunk, device, pool, ledger, progress, clock, ahead)
-            except ChunkStopped:  # at the time limit: its finished jobs are in its journal
+            except ChunkStopped as stopped:  # at the time limit: its finished jobs are journaled
+                clock.left = stopped.left
                 clock.stopped = True
                 break
             if rows is None:

@@ -325,9 +325,18 @@ def audit_stopped_line(manifest: dict, time_limit: float) -> str:
 
 
 def _journal_part(manifest: dict) -> str:
-    """The settled jobs a part-done chunk keeps in its journal, in no count until it ends."""
+    """The settled jobs a part-done chunk keeps in its journal, in no count until it ends, and
+    what it leaves to the next invocation (``ChunkStopped.left``)."""
     journaled = manifest.get("journaled_jobs") or 0
-    return f"; {journaled} settled jobs of a part-done chunk kept in its journal" * bool(journaled)
+    kept = f"; {journaled} settled jobs of a part-done chunk kept in its journal" * bool(journaled)
+    left = (manifest.get("invocations") or [{}])[-1].get("left_mid_chunk") or {}
+    words = {
+        "candidates_not_started": "candidates not started",
+        "jobs_not_retried": "set-aside jobs not retried",
+        "jobs_abandoned": "jobs abandoned past the limit",
+    }
+    parts = [f"{left[key]} {text}" for key, text in words.items() if left.get(key)]
+    return kept + (f" (left to the next invocation: {', '.join(parts)})" if parts else "")
 
 
 def _load_input(input: str, sample: int | None, seed: int) -> list:

@@ -156,7 +156,10 @@ def regenerate(
                         stop_at,
                         ahead,
                     )
-                except ChunkStopped:  # at the time limit: its finished jobs are in its journal
+                except (
+                    ChunkStopped
+                ) as stopped:  # at the time limit: its finished jobs are journaled
+                    clock.left = stopped.left
                     clock.stopped = True
                     unscreened |= {t.id for t in composed[start:]}
                     break
@@ -251,6 +254,8 @@ def invocation(manifest: dict[str, Any], clock: ChunkClock) -> dict[str, Any]:
     line["chunks_computed_s"] = [round(s, 3) for s in clock.computed_s]
     if clock.stop_at is not None:
         line["stop_at"] = clock.stop_at
+    if clock.left:
+        line["left_mid_chunk"] = dict(clock.left)
     return line
 
 

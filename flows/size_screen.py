@@ -92,7 +92,20 @@ def stage_name(cfg: RunConfig) -> str:
 
 class ChunkStopped(Exception):
     """The time limit came mid-chunk: the candidates begun by then are done and in the chunk's
-    journal, the rest never started; a later run resumes the chunk from there."""
+    journal, the rest never started; a later run resumes the chunk from there. ``left``: what
+    the chunk leaves to that run (candidates not started, set-aside jobs not retried, jobs
+    abandoned past the limit), which the invocation's line in run.json keeps."""
+
+    def __init__(self, not_started: int, not_retried: int, abandoned: int) -> None:
+        self.left = {
+            "candidates_not_started": not_started,
+            "jobs_not_retried": not_retried,
+            "jobs_abandoned": abandoned,
+        }
+        super().__init__(
+            f"{not_started} candidates not started, {not_retried} jobs not retried, "
+            f"{abandoned} abandoned past the limit"
+        )
 
 
 def size_and_screen(
@@ -156,11 +169,7 @@ def size_and_screen(
         for _ in range(pipeline.taken_over):
             ledger.note(stage + AHEAD_SUFFIX, False)
         if pipeline.backlog or pipeline.deferred or pipeline.abandoned:
-            raise ChunkStopped(
-                f"{len(pipeline.backlog)} candidates not started, "
-                f"{len(pipeline.deferred)} jobs not retried, "
-                f"{pipeline.abandoned} abandoned past the limit"
-            )
+            raise ChunkStopped(len(pipeline.backlog), len(pipeline.deferred), pipeline.abandoned)
     verdicts = [
         v for i, task in enumerate(chunk.final) for v in chunk.pre[i] + _executed(chunk, i, task)
     ]

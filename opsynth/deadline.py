@@ -29,6 +29,8 @@ class ChunkClock:
     stop_at: float | None = None
     computed_s: list[float] = field(default_factory=list)
     stopped: bool = False
+    # what a chunk stopped mid-way leaves to a later invocation, by kind (counts)
+    left: dict[str, int] = field(default_factory=dict)
 
     def allows_next(self, now: float, *, stops_mid_chunk: bool = False) -> bool:
         """Whether a chunk started at ``now`` is expected to end by ``stop_at``. Before the

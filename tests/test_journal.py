@@ -38,3 +38,21 @@ def test_a_stopped_run_says_what_its_journal_keeps() -> None:
     assert said.endswith("; re-run to resume")
     at_a_boundary = stopped_line({**manifest, "journaled_jobs": 0}, 1.0, 3)
     assert "journal" not in at_a_boundary and "with 2539 of 3 accepted; re-run" in at_a_boundary
+
+
+def test_a_stopped_run_says_what_its_part_done_chunk_leaves_to_the_next_invocation() -> None:
+    """Read from the invocation's line (``ChunkStopped.left``): the counts that are not zero."""
+    from opsynth.flows.cli import audit_stopped_line
+    from opsynth.flows.size_screen import ChunkStopped
+
+    left = ChunkStopped(not_started=3, not_retried=113, abandoned=0).left
+    manifest = {
+        "counts": {"candidates": 0},
+        "unique_rows": 600,
+        "journaled_jobs": 55,
+        "invocations": [{"left_mid_chunk": left}],
+    }
+    said = audit_stopped_line(manifest, 150.0)
+    assert "55 settled jobs of a part-done chunk kept in its journal (left to the next " in said
+    assert "invocation: 3 candidates not started, 113 set-aside jobs not retried); re-run" in said
+    assert "abandoned" not in said
