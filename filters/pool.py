@@ -44,6 +44,7 @@ from opsynth.filters.pool_setup import (
     LOCK_DIR,
     MEASURE_OVERRIDES,
     check_settings,
+    gpu_memory_gib,
     host_cores,
     isolation_problem,
     job_stages,
@@ -99,6 +100,9 @@ class WorkerPool(RetryAlone, SandboxChoice, WorkerLifecycle, WorkerEvents):
             "cuda_version": None,
             "workers": 0,
             "workers_started": 0,
+            # The smallest GPU's memory, GiB (nvidia-smi), where it bounded a derived worker
+            # count (``filters.gib_per_gpu_worker``); None otherwise.
+            "gpu_gib": None,
             # When start() began (epoch seconds) and how long it took until every worker was
             # ready: lined up with the verdicts' times, where a run's start-up went.
             "started_at": None,
@@ -183,7 +187,12 @@ class WorkerPool(RetryAlone, SandboxChoice, WorkerLifecycle, WorkerEvents):
         try:
             gpus = self._given_gpus if self._given_gpus is not None else visible_gpus()
             self._gpus = gpus if self.device == "cuda" else []
-            count = worker_count(self.cfg, self.device, host_cores(), len(self._gpus))
+            # only where the count is derived and a GPU's memory can bound it
+            bounded = self.device == "cuda" and not self.cfg.workers and self._gpus
+            if bounded and self.cfg.gib_per_gpu_worker:
+                self.stats["gpu_gib"] = gpu_memory_gib(self._gpus)
+            gib = self.stats.get("gpu_gib")
+            count = worker_count(self.cfg, self.device, host_cores(), len(self._gpus), gib)
             self._threads = max(1, host_cores() // count)
             self._kind = self._choose_sandbox()
             self._packages = harnesses.packages(sandbox.SANDBOX_PACKAGES)

@@ -7,6 +7,7 @@ sandboxed here at all.
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from typing import Any
 
@@ -93,15 +94,59 @@ def host_cores() -> int:
     return len(os.sched_getaffinity(0)) or 1
 
 
-def worker_count(cfg: FiltersConfig, device: str, cores: int, gpus: int) -> int:
+def worker_count(
+    cfg: FiltersConfig, device: str, cores: int, gpus: int, gpu_gib: float | None = None
+) -> int:
     """``cfg.workers``, or derived: host cores / cores_per_worker (cores_per_gpu_worker on
-    CUDA), and on CUDA at most ``max_workers_per_gpu`` per GPU but at least one per GPU."""
+    CUDA), and on CUDA at most ``max_workers_per_gpu`` per GPU and as many as the GPU's memory
+    (``gpu_gib``, the smallest GPU's, when known) holds at ``gib_per_gpu_worker`` each, but at
+    least one per GPU."""
     if cfg.workers:
         return cfg.workers
     if device == "cuda" and gpus:
         by_cores = max(1, cores // cfg.cores_per_gpu_worker)
-        return gpus * max(1, min(cfg.max_workers_per_gpu, by_cores // gpus))
+        per_gpu = min(cfg.max_workers_per_gpu, by_cores // gpus)
+        if gpu_gib and cfg.gib_per_gpu_worker:
+            per_gpu = min(per_gpu, int(gpu_gib // cfg.gib_per_gpu_worker))
+        return gpus * max(1, per_gpu)
     return max(1, cores // cfg.cores_per_worker)
+
+
+def gpu_memory_gib(ids: list[str]) -> float | None:
+    """The smallest total memory, in GiB, among the GPUs ``ids`` (as ``CUDA_VISIBLE_DEVICES``
+    names them: indices or UUIDs), read with nvidia-smi, which creates no CUDA context in the
+    orchestrator; None where nvidia-smi is missing or fails (the count then ignores memory)."""
+    query = ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        done = subprocess.run(query, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return smallest_memory_gib(done.stdout, ids) if done.returncode == 0 else None
+
+
+def smallest_memory_gib(table: str, ids: list[str]) -> float | None:
+    """From nvidia-smi's ``index, uuid, memory.total [MiB]`` lines: the smallest memory among
+    ``ids``. nvidia-smi numbers GPUs in PCI bus order, CUDA only with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: an index is trusted then, a UUID always; otherwise, or
+    for an id not listed, the smallest GPU on the host stands in (never more workers than the
+    smallest holds)."""
+    by_index: dict[str, float] = {}
+    by_uuid: dict[str, float] = {}
+    for line in table.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 3:
+            continue
+        try:
+            mib = float(parts[2])
+        except ValueError:
+            continue
+        by_index[parts[0]], by_uuid[parts[1]] = mib, mib
+    if not by_index:
+        return None
+    pci_order = os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+    found = [by_uuid.get(i) or (by_index.get(i) if pci_order else None) for i in ids]
+    chosen = found if ids and all(found) else list(by_index.values())
+    return min(m for m in chosen if m) / 1024
 
 
 def visible_gpus() -> list[str]:

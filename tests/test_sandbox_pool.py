@@ -13,6 +13,7 @@ import torch
 from opsynth.config import FiltersConfig
 from opsynth.filters import calibrate, compile_cache, privilege, sandbox
 from opsynth.filters.pool import PoolError, WorkerPool, resolve_device, worker_count
+from opsynth.filters.pool_setup import smallest_memory_gib
 from opsynth.filters.samples import task_source
 from opsynth.record import Task
 
@@ -58,6 +59,34 @@ def test_worker_count() -> None:
     assert worker_count(cfg, "cuda", 32, 2) == 32
     assert worker_count(cfg, "cuda", 256, 8) == 8 * cfg.max_workers_per_gpu
     assert worker_count(cfg, "cuda", 4, 8) == 8  # at least one worker per GPU
+
+
+def test_a_derived_worker_count_fits_the_gpus_memory() -> None:
+    """Sixteen workers of sized tasks (up to 8 GiB each) fit a 141 GB GPU, nine an 80 GB one;
+    a set count or an unknown memory is not bounded, and a tiny GPU still gets one."""
+    cfg = FiltersConfig()
+    assert worker_count(cfg, "cuda", 16, 1, gpu_gib=139.8) == 16
+    assert worker_count(cfg, "cuda", 16, 1, gpu_gib=79.6) == 9
+    assert worker_count(cfg, "cuda", 64, 2, gpu_gib=39.4) == 2 * 4
+    assert worker_count(cfg, "cuda", 16, 1, gpu_gib=4.0) == 1
+    assert worker_count(cfg, "cuda", 16, 1, gpu_gib=None) == 16
+    assert worker_count(cfg.model_copy(update={"workers": 12}), "cuda", 16, 1, 79.6) == 12
+    uncapped = cfg.model_copy(update={"gib_per_gpu_worker": 0.0})
+    assert worker_count(uncapped, "cuda", 16, 1, gpu_gib=79.6) == 16
+
+
+def test_the_gpus_memory_is_read_from_nvidia_smis_table(monkeypatch) -> None:
+    """By UUID always, by index only in PCI order (nvidia-smi's), else the smallest GPU."""
+    table = "0, GPU-aaa, 81559\n1, GPU-bbb, 40960\n"
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    assert smallest_memory_gib(table, ["GPU-aaa"]) == 81559 / 1024
+    assert smallest_memory_gib(table, ["0"]) == 40  # CUDA's order may not be nvidia-smi's
+    assert smallest_memory_gib(table, ["GPU-zzz"]) == 40  # not listed: the smallest
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert smallest_memory_gib(table, ["0"]) == 81559 / 1024
+    assert smallest_memory_gib(table, ["0", "1"]) == 40
+    assert smallest_memory_gib("No devices were found\n", ["0"]) is None
+    assert smallest_memory_gib("", []) is None
 
 
 def test_workers_are_recycled_and_results_keep_order() -> None:

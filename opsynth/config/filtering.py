@@ -289,6 +289,15 @@ class FiltersConfig(_Section):
         "lock) and torch.compile is CPU-bound, so workers mostly add compile parallelism "
         "(16 against 20 on one H200: benchmarks/RESULTS.md)",
     )
+    gib_per_gpu_worker: float = Field(
+        json_schema_extra=SPEED_ONLY_ADDED,
+        default=8.5,
+        ge=0,
+        description="workers = 0 also caps workers per GPU at its memory / this, so that their "
+        "candidates fit side by side: a sized task may hold up to sizing.max_device_gib (8 GiB) "
+        "on the device and each process a CUDA context besides; more workers than fit turn "
+        "most verdicts into oom retries on a smaller GPU. 0 = no memory cap",
+    )
 
     def window_ms(self, device: str) -> tuple[float, float]:
         """The runtime window that applies on ``device`` ("cuda" or "cpu")."""
