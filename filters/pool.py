@@ -187,12 +187,11 @@ class WorkerPool(RetryAlone, SandboxChoice, WorkerLifecycle, WorkerEvents):
         try:
             gpus = self._given_gpus if self._given_gpus is not None else visible_gpus()
             self._gpus = gpus if self.device == "cuda" else []
-            # only where the count is derived and a GPU's memory can bound it
-            bounded = self.device == "cuda" and not self.cfg.workers and self._gpus
-            if bounded and self.cfg.gib_per_gpu_worker:
-                self.stats["gpu_gib"] = gpu_memory_gib(self._gpus)
-            gib = self.stats.get("gpu_gib")
-            count = worker_count(self.cfg, self.device, host_cores(), len(self._gpus), gib)
+            if self._gpus and not self.cfg.workers and self.cfg.gib_per_gpu_worker:
+                self.stats["gpu_gib"] = gpu_memory_gib(self._gpus)  # it bounds the count
+            count = worker_count(
+                self.cfg, self.device, host_cores(), len(self._gpus), self.stats["gpu_gib"]
+            )
             self._threads = max(1, host_cores() // count)
             self._kind = self._choose_sandbox()
             self._packages = harnesses.packages(sandbox.SANDBOX_PACKAGES)

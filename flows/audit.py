@@ -100,7 +100,7 @@ def audit(
             computed = sum(ledger.computed.values())
             try:
                 rows = audit_chunk(run, checks, chunk, device, pool, ledger, progress, clock, ahead)
-            except ChunkStopped as stopped:  # at the time limit: its finished jobs are journaled
+            except ChunkStopped as stopped:  # its finished jobs are journaled
                 clock.left = stopped.left
                 clock.stopped = True
                 break

@@ -156,9 +156,7 @@ def regenerate(
                         stop_at,
                         ahead,
                     )
-                except (
-                    ChunkStopped
-                ) as stopped:  # at the time limit: its finished jobs are journaled
+                except ChunkStopped as stopped:  # its finished jobs are journaled
                     clock.left = stopped.left
                     clock.stopped = True
                     unscreened |= {t.id for t in composed[start:]}

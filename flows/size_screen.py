@@ -407,7 +407,8 @@ class _Pipeline:
                 continue
             pending = self.queue.popleft()
             if not pending.replayed:
-                self.pool.wait(pending.ticket, retry=False, until=self._abandon_at())
+                until = self.latency.abandon_at(self.stop_at)
+                self.pool.wait(pending.ticket, retry=False, until=until)
                 if not pending.ticket.done:  # still running well past the limit
                     self.queue.appendleft(pending)
                     self._abandon()
@@ -426,11 +427,8 @@ class _Pipeline:
         for pending in deferred:
             self._settle(pending)
 
-    def _abandon_at(self) -> float | None:
-        return self.latency.abandon_at(self.stop_at)
-
     def _abandon(self) -> None:
-        """Give up the jobs still in flight at ``_abandon_at``: those already finished are
+        """Give up the jobs still in flight at ``JobLatency.abandon_at``: those already finished are
         journaled (a later invocation replays them), the others are withdrawn from the pool
         (their workers replaced) and run again by a later invocation."""
         waiting = [p for p in self.queue if not p.replayed and not p.settled]
