@@ -21,6 +21,7 @@ import torch
 
 from opsynth.synth.catalog.probe import build, make_tensor, value_of
 from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
+from opsynth.synth.constants import combined
 from opsynth.synth.cost import Cost, counted_as_length, uncounted
 
 Shape = tuple[int, ...]
@@ -30,13 +31,16 @@ Shape = tuple[int, ...]
 class Link:
     """One operator of a chain: the spec as called, which argument is the running tensor
     (``main``; None for the first link), the task-input name of every other tensor argument,
-    and the path to the element the chain continues on (``()`` for a tensor output)."""
+    and the path to the element the chain continues on (``()`` for a tensor output).
+    ``combine``: for a constructor composed as a constant operand (``synth.constants``), the
+    operator applying its tensor to the running tensor; empty for every other link."""
 
     seed_id: str
     spec: CatalogSpec
     main: int | None
     inputs: tuple[str | None, ...]
     pick: tuple[int, ...] = ()
+    combine: str = ""
 
     @property
     def name(self) -> str:
@@ -167,6 +171,8 @@ def call_link(link: Link, fn: Any, running: Any, inputs: Mapping[str, Any]) -> A
             kwargs[arg.name] = value
         else:
             args.append(value)
+    if link.combine:  # a constant built where the running tensor is, then applied to it
+        return combined(link.combine, running, fn(*args, device=running.device, **kwargs))
     if isinstance(fn, torch.nn.RNNBase) and args and getattr(args[0], "is_meta", False):
         return _recurrent_on_meta(fn, args, kwargs)
     return fn(*args, **kwargs)

@@ -33,6 +33,7 @@ from opsynth.config import ComposeConfig
 from opsynth.record import Task
 from opsynth.synth.catalog.serialize import spec_from_json
 from opsynth.synth.chain import Chain
+from opsynth.synth.constants import is_constant
 from opsynth.synth.containers import draw_container, may_hold
 from opsynth.synth.cost import fit_batch
 from opsynth.synth.degenerate import Degenerate, check_sample
@@ -275,14 +276,17 @@ class _Drawer:
 
     def _compatible(self, rank: int, dtype: str, tuples: bool = False) -> list[int]:
         """Seeds that can take a running tensor of this rank and dtype (by the ranks and
-        tensor dtypes their validation recorded); only tuple-returning ones with ``tuples``."""
+        tensor dtypes their validation recorded); only tuple-returning ones with ``tuples``.
+        A tensor constructor takes no tensor: with ``compose.constant_operands`` it is a
+        constant operand of a float one (``synth.constants``)."""
         key = (rank, dtype, tuples)
+        constants = self.cfg.constant_operands and dtype == "float32"
         if key not in self._fits:
             self._fits[key] = [
                 i
                 for i, seed in enumerate(self.seeds)
                 if rank in seed.ranks
-                and dtype in seed.dtypes
+                and (dtype in seed.dtypes or (constants and is_constant(seed.spec)))
                 and (seed.returns_tuple or not tuples)
             ]
         return self._fits[key]

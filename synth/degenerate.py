@@ -7,12 +7,14 @@ and the outputs are put through the same tests the filters' degenerate stage app
 handed back, different for different inputs, moved by every input. Two more refusals need the
 trace of each link: a link whose output equals its input is an identity on these values (relu
 of a softmax, a transpose that undoes the previous one), and values beyond ``compose.max_rms``
-or not finite make eager-vs-kernel comparisons meaningless.
+or not finite make eager-vs-kernel comparisons meaningless. A constant operand
+(``synth.constants``) must move the output: the chain run without it must differ.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -120,6 +122,25 @@ def _check_links(chain: Chain, trace: list[tuple[Any, Any]]) -> None:
             raise Degenerate("noop", f"{link.name} is an identity on its input here")
 
 
+def _check_constants(
+    chain: Chain,
+    callables: list[Any],
+    draw: dict[str, Any],
+    outputs: list[torch.Tensor],
+    cfg: ComposeConfig,
+) -> None:
+    """Refuse a constant operand the output does not depend on: a later link that undoes it
+    (a normalization after a scale) leaves the constant built for nothing."""
+    for i, link in enumerate(chain.links):
+        if not link.combine:
+            continue
+        kept = [j for j in range(len(chain.links)) if j != i]
+        without = replace(chain, links=tuple(chain.links[j] for j in kept))
+        rest = tensors_in(execute(without, [callables[j] for j in kept], draw))
+        if rel_diff(outputs, rest) <= cfg.distinct_rtol:
+            raise Degenerate("constant_ignored", f"{link.name} does not move the output")
+
+
 def check_sample(chain: Chain, cfg: ComposeConfig) -> None:
     """Raise Degenerate when the chain (at its own, small batch) is degenerate."""
     torch.manual_seed(cfg.seed)
@@ -136,6 +157,7 @@ def check_sample(chain: Chain, cfg: ComposeConfig) -> None:
             if cfg.refuse_input_answer:
                 _check_input_answer(first, draws[0], cfg)
             _check_links(chain, trace)
+            _check_constants(chain, callables, draws[0], first, cfg)
             fixed = weight_names(chain)
             draws[1].update({name: draws[0][name] for name in fixed})
             second = tensors_in(execute(chain, callables, draws[1]))

@@ -8,7 +8,9 @@ drawing CPU tensors (``torch.randn``; ``torch.randint`` for an index, a coin fli
 Every dim that follows the batch is written ``batch_size``, defined as ``base * scale``, so
 rewriting that one literal resizes the task without solving it again. A chain drawn with a
 container (``synth.containers``) holds its modules or parameters in it and calls them
-through it; the calls themselves are the same.
+through it; the calls themselves are the same. A tensor constructor composed as a constant
+operand (``synth.constants``) is built in ``forward`` on ``x``'s device and applied to it
+(``x = x * torch.arange(64, device=x.device)``).
 """
 
 from __future__ import annotations
@@ -157,6 +159,8 @@ def _call_parts(link: Link, held: dict[str, str]) -> list[str]:
 def _expression(link: Link, callee: str, held: dict[str, str], whole: bool = False) -> str:
     """The link's call; ``callee`` is how the model reads a module link's module."""
     spec, parts = link.spec, _call_parts(link, held)
+    if link.combine:  # a constant operand, built where the running tensor is
+        return f"x {link.combine} {spec.target}({', '.join([*parts, 'device=x.device'])})"
     if spec.kind == "module":
         call = f"{callee}({', '.join(parts)})"
     elif spec.kind == "operator":

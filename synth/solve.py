@@ -6,11 +6,13 @@ free sizes and attributes varied (``VARIED``), and keep the first whose meta cal
 whose main input has the running tensor's dtype. The same choices are then replayed at a
 second batch size: an argument or shape that changed with the batch is the batch (rendered as
 ``batch_size``), anything else that changed makes the chain impossible to resize and refuses
-it. Only catalogue operators run here, on meta tensors; generated code never does.
+it. Only catalogue operators run here, on meta tensors (on small CPU samples where meta has
+no kernel: ``compose.sampled_shapes``); generated code never does.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,6 +34,7 @@ from opsynth.synth.chain import (
     layout,
     tensors_in,
 )
+from opsynth.synth.constants import COMBINE, is_constant, sized
 from opsynth.synth.cost import Cost, cost_of, counting, total
 from opsynth.synth.degenerate import Degenerate, is_dropout
 from opsynth.synth.implicit_dim import implicit_dim, names_dim
@@ -78,6 +81,9 @@ ALONG_DIM_1 = ("dim", 1)
 # Dropout is composed with p=0: an identity, as the released set keeps it, and deterministic.
 NO_DROP = ("p", 0.0)
 DTYPES = {torch.float32: "float32", torch.int64: "int64", torch.bool: "bool"}
+# The most elements (inputs and parameters) a link solved on CPU samples may hold
+# (``compose.sampled_shapes``): the solver's batch keeps most links far below it.
+SAMPLE_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,7 @@ class _Choice:
     # where the output's tensors sit: a task whose number of outputs follows the batch
     # (``unbind`` along it) cannot be resized, and sizing would give it thousands
     layout: tuple[tuple[int, ...], ...] = ()
+    combine: str = ""  # a constant operand's operator (``synth.constants``)
 
 
 def _vary(spec: CatalogSpec, varied: Sequence[tuple[str, Any]]) -> CatalogSpec:
@@ -241,20 +248,75 @@ def _meta_inputs(links: Sequence[Link]) -> dict[str, Any]:
     return {name: make_tensor(arg, "meta") for link in links for name, arg in expanded(link)}
 
 
-def _try_link(link: Link, running: Any, inputs: dict[str, Any]) -> tuple[Any, Cost]:
-    """Run one link on meta; its output and the cost of the call (not of building the
-    module), or Degenerate."""
+def _try_link(
+    link: Link, running: Any, inputs: dict[str, Any], sampled: bool = False
+) -> tuple[Any, Cost, bool]:
+    """Run one link on meta; its output, the cost of the call (not of building the module)
+    and whether the output's shape follows the input's values, or Degenerate. Meta has no
+    kernel for an operator whose output size is data (``masked_select``, ``nonzero``): with
+    ``sampled`` (``compose.sampled_shapes``) such a link runs on CPU samples instead."""
     try:
         fn = build(link.spec, "meta")
         with counting() as counter:
             out = call_link(link, fn, running, inputs)
+        varies = False
+    except NotImplementedError as exc:  # no meta kernel
+        if not sampled:
+            raise Degenerate("shape", f"{link.name}: {str(exc)[:160]}") from exc
+        try:
+            out, counter, varies = _sampled_call(link, running)
+        except Exception as sampled_exc:  # torch refuses these arguments on CPU too
+            raise Degenerate("shape", f"{link.name}: {str(sampled_exc)[:160]}") from sampled_exc
     except Exception as exc:  # torch refuses these arguments
         raise Degenerate("shape", f"{link.name}: {str(exc)[:160]}") from exc
     if continuation(out) is None:
         raise Degenerate("bad_output", f"{link.name} returns no tensor")
     if any(t.numel() == 0 for t in tensors_in(out)):
         raise Degenerate("shape", f"{link.name} returns an empty tensor")
-    return out, cost_of(counter)
+    return out, cost_of(counter), varies
+
+
+def _sample_like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """CPU values for a running meta tensor: indices stay in 0..1, valid for any size."""
+    if t.dtype == torch.bool:
+        return torch.rand(t.shape, generator=generator) > 0.5
+    if t.dtype == torch.int64:
+        return torch.randint(0, 2, t.shape, generator=generator)
+    return torch.randn(t.shape, generator=generator)
+
+
+def _sample_elements(link: Link, running: Any) -> int:
+    """Elements a CPU sample of the link would hold before it runs: the running tensor, the
+    link's own inputs and, for a module, its parameters (counted on meta, where they cost
+    nothing)."""
+    elements = running.numel() if isinstance(running, torch.Tensor) else 0
+    elements += sum(math.prod(arg.shape) for _, arg in expanded(link))
+    if link.spec.kind == "module":
+        elements += sum(p.numel() for p in build(link.spec, "meta").parameters())
+    return elements
+
+
+def _sampled_call(link: Link, running: Any) -> tuple[Any, Any, bool]:
+    """The link run on two seeded CPU draws of its inputs (at the solver's small batch): the
+    first output on meta, its cost counter, and whether the two outputs' shapes differ. Only
+    catalogue operators run, as on meta; torch's global generator is left as it was. A link
+    larger than ``SAMPLE_ELEMENTS`` is not run: its sample would cost the composer seconds
+    and gigabytes (an adaptive softmax over 32k features builds its projections for real)."""
+    if _sample_elements(link, running) > SAMPLE_ELEMENTS:
+        raise ValueError(f"too large to solve on a CPU sample (over {SAMPLE_ELEMENTS} elements)")
+    outputs, counters = [], []
+    for draw in range(2):
+        generator = torch.Generator().manual_seed(draw)
+        own = {name: make_tensor(arg, "cpu", generator) for name, arg in expanded(link)}
+        value = _sample_like(running, generator) if isinstance(running, torch.Tensor) else None
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(draw)
+            fn = build(link.spec, "cpu")
+            with counting() as counter:
+                outputs.append(call_link(link, fn, value, own))
+        counters.append(counter)
+    varies = _skeleton(outputs[0]) != _skeleton(outputs[1])
+    return _rebuild(_skeleton(outputs[0])), counters[0], varies
 
 
 def _skeleton(out: Any) -> Any:
@@ -289,7 +351,7 @@ class _State:
 
 Propose = Callable[[int, int, str], Iterable["Seed"]]
 _REBINDS: dict[tuple[int, bool], dict[tuple, list[CatalogSpec]]] = {}
-_OUTPUTS: dict[tuple, Any] = {}
+_OUTPUTS: dict[bool, dict[tuple, Any]] = {}
 
 
 class Solver:
@@ -302,7 +364,7 @@ class Solver:
         # and chunks.
         self._rebinds = _REBINDS.setdefault((cfg.rebind_limit, cfg.stable_sort), {})
         self._optional = profile_arguments(cfg) if cfg.optional_arguments else {}
-        self._outputs = _OUTPUTS
+        self._outputs = _OUTPUTS.setdefault(cfg.sampled_shapes, {})
 
     def _propagate(
         self, key: tuple, link: Link, running: Any, inputs: dict[str, Any]
@@ -313,14 +375,20 @@ class Solver:
             if len(self._outputs) > 200_000:
                 self._outputs.clear()
             try:
-                out, cost = _try_link(link, running, inputs)
-                self._outputs[key] = (_skeleton(out), cost)
+                out, cost, varies = _try_link(link, running, inputs, self.cfg.sampled_shapes)
+                self._outputs[key] = (_skeleton(out), cost, varies)
             except Degenerate as exc:
                 self._outputs[key] = exc
         found = self._outputs[key]
         if isinstance(found, Degenerate):
             raise found
         return _rebuild(found[0]), found[1]
+
+    def _varies(self, key: tuple) -> bool:
+        """Whether the link ``_propagate`` solved under ``key`` has an output whose shape
+        follows its input's values (solved on CPU samples that disagree)."""
+        found = self._outputs.get(key)
+        return isinstance(found, tuple) and found[2]
 
     def _rebind(self, seed: Seed, shape: tuple[int, ...]) -> list[CatalogSpec]:
         key = (seed.id, shape)
@@ -365,6 +433,9 @@ class Solver:
         running = state.running
         target = shape if running is None else tuple(running.shape)
         dtype = "float32" if running is None else DTYPES.get(running.dtype)
+        if position and self.cfg.constant_operands and is_constant(seed.spec):
+            self._extend_constant(state, seed, target, dtype)
+            return
         specs = self._rebind(seed, target)
         order = list(range(len(specs)))
         self.rng.shuffle(order)
@@ -420,6 +491,10 @@ class Solver:
                 if following.dim() == 0 and position < k - 1:
                     last = Degenerate("scalar", f"{seed.spec.name} leaves a scalar mid-chain")
                     continue
+                if position < k - 1 and self._varies((*key, varied)):
+                    # the next link would be solved for one sample's size
+                    last = Degenerate("shape", f"{seed.spec.name}'s output size is data")
+                    continue
                 state.taken.update(n for n in link.inputs if n)
                 state.links.append(replace(link, pick=path))
                 state.choices.append(_Choice(index, varied, path, layout(out)))
@@ -427,6 +502,23 @@ class Solver:
                 state.inputs, state.running = trial, following
                 return
         raise last
+
+    def _extend_constant(self, state: _State, seed: Seed, target: tuple, dtype) -> None:
+        """A tensor constructor as a constant operand of a float running tensor, sized to its
+        last dim and applied with an operator drawn from ``COMBINE`` (``synth.constants``);
+        Degenerate when the running tensor is not float, the chain has a constant already
+        (two would fold into one; Ops-6K's tasks build one) or it does not broadcast."""
+        if dtype != "float32":
+            raise Degenerate("unsolvable", f"{seed.spec.name} takes a float running tensor")
+        if any(link.combine for link in state.links):
+            raise Degenerate("unsolvable", f"{seed.spec.name}: the chain has a constant")
+        combine = self.rng.choice(COMBINE)
+        link, key = _constant_link(seed, target, dtype, combine)
+        out, cost = self._propagate(key, link, state.running, state.inputs)
+        state.links.append(link)
+        state.choices.append(_Choice(0, (), (), layout(out), combine))
+        state.costs.append(cost)
+        state.running = out
 
     def _along_dim_1(self, following: Any, varied: tuple) -> bool:
         """Whether a link that leaves a scalar is tried along dim 1: all but
@@ -461,6 +553,11 @@ class Solver:
         for position, (seed, choice) in enumerate(zip(seeds, choices, strict=True)):
             target = shape if running is None else tuple(running.shape)
             dtype = "float32" if running is None else DTYPES.get(running.dtype)
+            if choice.combine:  # sized again: a length that follows the batch is refused later
+                link, key = _constant_link(seed, target, dtype, choice.combine)
+                running, _ = self._propagate(key, link, running, inputs)
+                links.append(link)
+                continue
             specs = self._rebind(seed, target)
             if choice.index >= len(specs):
                 raise Degenerate("batch", f"{seed.spec.name} derives otherwise at another batch")
@@ -480,6 +577,14 @@ class Solver:
                 ) from exc
             links.append(link)
         return links
+
+
+def _constant_link(seed: Seed, target: tuple, dtype, combine: str) -> tuple[Link, tuple]:
+    """A constructor's link as a constant operand of a running tensor of shape ``target``,
+    and its key for ``Solver._propagate`` (apart from every argument set's)."""
+    spec = sized(seed.spec, target)
+    link = Link(seed.id, spec, None, (None,) * len(spec.args), combine=combine)
+    return link, (seed.id, False, target, dtype, "constant", combine)
 
 
 def _splits_the_batch(out: Any, target: tuple[int, ...]) -> bool:

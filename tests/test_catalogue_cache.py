@@ -38,10 +38,13 @@ def test_the_key_follows_what_the_catalogue_depends_on(tmp_path, monkeypatch):
     moved = base.model_copy(update={"cache_dir": str(tmp_path)})
     assert catalogue_key(base) == catalogue_key(moved) and cache_root(moved) == tmp_path
     # a setting added later changes the key at its new default, not at what catalogues had
-    # before it (seeds.fill_uninitialized, which v1.0.0's config pins to false)
-    before = base.model_copy(update={"fill_uninitialized": False})
-    settings = before.model_dump(mode="json", exclude={"cache_dir", "workers"})
-    del settings["fill_uninitialized"]
+    # before it (seeds.fill_uninitialized and seeds.added_overrides, which v1.0.0's config
+    # pins to false)
+    added = ("fill_uninitialized", "added_overrides")
+    before = base.model_copy(update=dict.fromkeys(added, False))
+    settings = before.model_dump(mode="json", exclude={"cache_dir", "workers", *added})
+    for name in added:
+        assert catalogue_key(before.model_copy(update={name: True})) != catalogue_key(before)
     versions = {"einops": importlib.metadata.version("einops")}
     made_before = report.digest(settings, f"catalogue {report.CATALOGUE_VERSION}", versions)
     assert catalogue_key(before) == made_before != catalogue_key(base)

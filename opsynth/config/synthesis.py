@@ -105,6 +105,16 @@ class SeedsConfig(_Section):
         "false = what catalogues were made with before (it passed or not by what the allocator "
         "held; v1.0.0's config pins it)",
     )
+    added_overrides: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="derive the released set's operators the first argument tables missed "
+        "from tables of their own (nn.Embedding with integer indices, torch.index_select with "
+        "a vector index, torch.index_copy with distinct indices, torch.bitwise_xor on "
+        "integers, torch.diagonal_scatter) and unscreen nn.SyncBatchNorm (batch_norm without a "
+        "process group); false = what catalogues were made with before (v1.0.0's config pins "
+        "it)",
+    )
     transformers_families: list[str] = Field(
         default=TRANSFORMERS_FAMILIES,
         description="transformers model families walked for layer classes (the released "
@@ -298,6 +308,16 @@ class ComposeConfig(_Section):
         "container); 0 = none, and the profile's container counts go to the catalogue's "
         "uncategorised operators, what runs composed before (v1.0.0's config pins it)",
     )
+    constant_operands: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="tensor constructors that take no tensor (torch.arange, torch.linspace, "
+        "torch.scalar_tensor) are composed after the first operator as a constant operand: "
+        "sized to the running tensor's last dim, built in forward on its device and "
+        "multiplied or added to it, as Ops-6K combines them with its input; false = they are "
+        "never composed (no input to compute from), what runs composed before (v1.0.0's "
+        "config pins it)",
+    )
     batch_range: tuple[int, int] = Field(
         default=(2, 65536),
         description="batch sizes the cost model may pick (for a rank-1 input, its length); 2+ "
@@ -415,6 +435,15 @@ class ComposeConfig(_Section):
         "(F.interpolate's 'bilinear' on a 3-d tensor) is drawn again instead of dropping every "
         "keyword, so the shares come near the profile's among the calls torch accepts; "
         "1 = one draw, what runs composed before (v1.0.0's config pins it)",
+    )
+    sampled_shapes: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="an operator meta tensors cannot run (one whose output size follows its "
+        "input's values: torch.masked_select, torch.nonzero, nn.AdaptiveLogSoftmaxWithLoss, "
+        "which calls nonzero inside) is solved on two small CPU samples instead; where their "
+        "output shapes differ it may only end a chain; false = such operators are never "
+        "composed, what runs composed before (v1.0.0's config pins it)",
     )
     max_rms: float = Field(
         default=1e4,

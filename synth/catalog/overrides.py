@@ -4,8 +4,11 @@ Three tables. ``NAMED`` proposes values for a parameter by its name (``kernel_si
 ``in_channels`` -> the input's channel count); ``SCREEN`` maps name fragments to the reason an
 operator is unsupported here (sparse, quantized, CUDA-only...); ``OVERRIDES`` spells out the
 few operators whose argument shapes depend on each other in ways a name cannot say
-(``F.linear``'s weight is ``(out, in)``). Shape tokens in overrides: ``B`` batch, ``C`` dim 1,
-``L`` last dim, ``x`` the whole input shape.
+(``F.linear``'s weight is ``(out, in)``). Shape tokens in overrides (and an integer tensor's
+``high``): ``B`` batch, ``C`` dim 1, ``L`` last dim, ``x`` the whole input shape.
+``ADDED_OVERRIDES`` and ``UNSCREENED`` came after catalogues were made, for operators of the
+released set the first tables missed; ``seeds.added_overrides`` applies them, so a catalogue
+made before them is extracted again the same way.
 """
 
 from __future__ import annotations
@@ -417,3 +420,49 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "ranks": (3,),
     },
 }
+
+
+# seeds.added_overrides: released-set operators the tables above missed, each written the way
+# the released set calls it. Embedding's indices are the input; meta accepts float indices,
+# so the derived float input passed there and failed on CPU.
+ADDED_OVERRIDES: dict[str, dict[str, Any]] = {
+    "nn.Embedding": {
+        "init": [("num_embeddings", 10), ("embedding_dim", OUT_FEATURES)],
+        "args": [("input", "x", {"dtype": "int64", "high": 10})],
+        "ranks": (2,),
+    },
+    # A vector index in range of the selected dim (a derived index took the input's shape).
+    "torch.index_select": {
+        "args": [("input", "x"), ("dim", 1), ("index", (6,), {"dtype": "int64", "high": "C"})],
+    },
+    # Distinct indices: where two name one slot, which source row lands there is unspecified
+    # on CUDA, so the task would have no single right answer.
+    "torch.index_copy": {
+        "args": [
+            ("input", "x"),
+            ("dim", 1),
+            ("index", Code("torch.arange(0, 12, 2)")),
+            ("source", ("B", 6, "L")),
+        ],
+        "ranks": (3,),
+    },
+    # Bitwise kernels take integers only; meta accepts floats, so the float set passed there.
+    "torch.bitwise_xor": {"args": _small_integers(8, "input", "other")},
+    # ``accepts``: the only ranks recorded, where meta cannot tell (its diagonal_scatter
+    # checks neither the dims nor src's shape, so every rank would pass there).
+    "torch.diagonal_scatter": {
+        "args": [
+            ("input", "x"),
+            ("src", ("B", "C")),
+            ("offset", 0, {"keyword": True}),
+            ("dim1", 1, {"keyword": True}),
+            ("dim2", 2, {"keyword": True}),
+        ],
+        "ranks": (3,),
+        "accepts": (3,),
+    },
+}
+
+# Operators a SCREEN fragment names that run here all the same (seeds.added_overrides):
+# SyncBatchNorm without an initialised process group is batch_norm, on any device.
+UNSCREENED = frozenset({"nn.SyncBatchNorm"})

@@ -6,6 +6,9 @@ keep the first set that runs on the meta device, then run it once on CPU and swi
 to a positive range if random normal inputs give NaN (log, sqrt) or are refused (BCELoss).
 The same argument choice is replayed at every other rank on meta, so a seed records every
 rank it accepts and the output shape at each: the shape-function evidence a composer needs.
+``seeds.added_overrides`` adds the tables written after catalogues were made
+(``overrides.ADDED_OVERRIDES``, ``overrides.UNSCREENED``); off, an extraction derives what
+one made before them did.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from opsynth.config import SeedsConfig
 from opsynth.synth.catalog import derive, introspect, probe
 from opsynth.synth.catalog.introspect import Entry, Param
 from opsynth.synth.catalog.overrides import (
+    ADDED_OVERRIDES,
     NO_FORWARD,
     NOT_OPERATORS,
     OVERRIDES,
@@ -29,9 +33,12 @@ from opsynth.synth.catalog.overrides import (
     RANK_ORDER,
     SCREEN,
     SUFFIX_RANKS,
+    UNSCREENED,
     Shape,
 )
 from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
+
+Table = dict[str, dict[str, Any]]
 
 LIBRARY = "torch"
 STOCHASTIC_NAMES = ("dropout", "rrelu", "rand", "normal", "bernoulli", "multinomial", "poisson")
@@ -45,7 +52,9 @@ class TorchCatalog:
     name = LIBRARY
 
     def __init__(self, config: SeedsConfig | None = None) -> None:
-        self.only = frozenset(config.operators) if config is not None else frozenset()
+        config = config if config is not None else SeedsConfig()
+        self.only = frozenset(config.operators)
+        self.added = config.added_overrides
 
     def specs(self) -> Iterator[CatalogSpec]:
         seen: set[str] = set()
@@ -60,13 +69,19 @@ class TorchCatalog:
             for entry in entries:
                 if entry.name not in seen and (not self.only or entry.name in self.only):
                     seen.add(entry.name)
-                    yield derive_spec(entry)
+                    yield derive_spec(entry, self.added)
 
 
-def screen(entry: Entry) -> str:
+def override_table(added: bool) -> Table:
+    """The argument tables a derivation reads: the first ones, and with
+    ``seeds.added_overrides`` those added after catalogues were made."""
+    return {**OVERRIDES, **ADDED_OVERRIDES} if added else OVERRIDES
+
+
+def screen(entry: Entry, added: bool) -> str:
     low = entry.name.lower()
     for fragment, reason in SCREEN:
-        if fragment in low:
+        if fragment in low and not (added and entry.name in UNSCREENED):
             return reason
     if entry.name in NO_FORWARD:
         return "no_forward"
@@ -99,8 +114,8 @@ def _rejected(entry: Entry, reason: str, detail: str = "") -> CatalogSpec:
     return CatalogSpec(LIBRARY, entry.name, entry.kind, entry.target, reason=reason, detail=detail)
 
 
-def rank_order(entry: Entry) -> tuple[int, ...]:
-    override = OVERRIDES.get(entry.name, {})
+def rank_order(entry: Entry, table: Table) -> tuple[int, ...]:
+    override = table.get(entry.name, {})
     if "ranks" in override:
         return override["ranks"]
     for suffix, ranks in SUFFIX_RANKS.items():
@@ -116,11 +131,13 @@ def _token(value: Any, shape: Shape) -> Any:
     return sizes.get(value, value) if isinstance(value, str) else value
 
 
-def override_args(entry: Entry, shape: Shape) -> tuple[InputSpec, ...]:
+def override_args(entry: Entry, shape: Shape, table: Table) -> tuple[InputSpec, ...]:
     args = []
-    for name, value, *rest in OVERRIDES[entry.name]["args"]:
+    for name, value, *rest in table[entry.name]["args"]:
         options = dict(rest[0]) if rest else {}
         keyword = options.pop("keyword", False)
+        if "high" in options:  # an index in range of a dim (``C``) follows that dim
+            options["high"] = _token(options["high"], shape)
         if value == "x" or isinstance(value, tuple):
             dims = shape if value == "x" else tuple(_token(v, shape) for v in value)
             args.append(InputSpec(name, dims, keyword=keyword, **options))
@@ -139,15 +156,15 @@ def _forward_params(entry: Entry) -> list[Param]:
     return [p for p in params if p.name != "self"]
 
 
-def proposals(entry: Entry, shape: Shape) -> Iterator[CatalogSpec]:
+def proposals(entry: Entry, shape: Shape, table: Table) -> Iterator[CatalogSpec]:
     """Candidate specs for one input shape, cheapest guesses first."""
     base = CatalogSpec(LIBRARY, entry.name, entry.kind, entry.target, flags=base_flags(entry))
-    override = OVERRIDES.get(entry.name, {})
+    override = table.get(entry.name, {})
     init_sets: list[tuple] = [((), ())]
     if entry.kind == "module":
         init_sets = _init_sets(entry, shape, override)
     if "args" in override:
-        arg_sets: list[tuple] = [override_args(entry, shape)]
+        arg_sets: list[tuple] = [override_args(entry, shape, table)]
     elif entry.kind in ("operator", "method"):
         arg_sets = [(InputSpec("x", shape), InputSpec("y", shape))]
         if entry.target == "@":
@@ -237,26 +254,24 @@ def _positive(spec: CatalogSpec, low_high: tuple[float, float]) -> CatalogSpec:
     return replace(spec, args=tuple(args))
 
 
-def derive_spec(entry: Entry) -> CatalogSpec:
-    reason = screen(entry)
+def derive_spec(entry: Entry, added: bool) -> CatalogSpec:
+    """The first proposal that runs (``added``: ``seeds.added_overrides``), or the rejection."""
+    reason = screen(entry, added)
     if reason:
         return _rejected(entry, reason)
-    if (
-        entry.kind == "function"
-        and not introspect.entry_params(entry)
-        and entry.name not in OVERRIDES
-    ):
+    table = override_table(added)
+    if entry.kind == "function" and not introspect.entry_params(entry) and entry.name not in table:
         return _rejected(entry, "no_signature", "neither an aten schema nor a Python signature")
     tried, non_tensor = 0, False
-    for rank in rank_order(entry):
-        for index, spec in enumerate(proposals(entry, PROBE_SHAPES[rank])):
+    for rank in rank_order(entry, table):
+        for index, spec in enumerate(proposals(entry, PROBE_SHAPES[rank], table)):
             tried += 1
             shapes, where = try_spec(spec)
             non_tensor = non_tensor or where == "non_tensor"
             if shapes is None:
                 continue
             spec = _make_finite(spec)
-            ranks = _other_ranks(entry, rank, index, shapes)
+            ranks = _other_ranks(entry, rank, index, shapes, table)
             evidence = {"ranks": ranks, "probe_rank": rank, "shape_source": where}
             return replace(spec, evidence=evidence)
     if non_tensor:
@@ -276,13 +291,15 @@ def _make_finite(spec: CatalogSpec) -> CatalogSpec:
     return spec
 
 
-def _other_ranks(entry: Entry, rank: int, index: int, shapes: list) -> dict[str, Any]:
-    """Replay the chosen argument set (same proposal index) at every probe rank, on meta."""
+def _other_ranks(entry: Entry, rank: int, index: int, shapes: list, table: Table) -> dict[str, Any]:
+    """Replay the chosen argument set (same proposal index) at every probe rank, on meta, or
+    at the ranks an override says the operator accepts."""
     found = {str(rank): {"input": list(PROBE_SHAPES[rank]), "output": shapes}}
+    accepts = table.get(entry.name, {}).get("accepts", tuple(PROBE_SHAPES))
     for other in sorted(PROBE_SHAPES):
-        if other == rank:
+        if other == rank or other not in accepts:
             continue
-        for i, spec in enumerate(proposals(entry, PROBE_SHAPES[other])):
+        for i, spec in enumerate(proposals(entry, PROBE_SHAPES[other], table)):
             if i == index:
                 out, _ = try_spec(spec)
                 if out is not None:
@@ -302,16 +319,37 @@ def entry_of(spec: CatalogSpec) -> Entry:
     return Entry(spec.name, spec.kind, spec.target, obj)
 
 
+def _call(spec: CatalogSpec) -> tuple:
+    """What a spec calls, without the input ranges ``_make_finite`` may have chosen."""
+    return (spec.init, spec.init_kwargs, tuple(replace(a, uniform=None) for a in spec.args))
+
+
+def table_of(spec: CatalogSpec, entry: Entry) -> Table:
+    """The tables a seed was derived with. An operator the added tables cover came from them
+    when their first proposal at the seed's own input shape is the seed's call; otherwise it
+    was derived without them (``seeds.added_overrides`` off, where a torch version lets the
+    derived set run)."""
+    main = next((a for a in spec.args if a.tensor), None)
+    if spec.name not in ADDED_OVERRIDES or main is None:
+        return OVERRIDES
+    added = override_table(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = next(proposals(entry, main.shape, added), None)
+    return added if first is not None and _call(first) == _call(spec) else OVERRIDES
+
+
 def rebind(spec: CatalogSpec, shape: Shape, limit: int) -> list[CatalogSpec]:
     """Up to ``limit`` argument sets for the same operator with its first tensor argument of
     ``shape``: the derivation that validated the seed, replayed at another shape. Input ranges
     the seed needed (a positive range for log) carry over by argument name."""
     entry = entry_of(spec)
+    table = table_of(spec, entry)
     ranges = {a.name: a.uniform for a in spec.args if a.uniform is not None}
     found = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for candidate in itertools.islice(proposals(entry, shape), limit):
+        for candidate in itertools.islice(proposals(entry, shape, table), limit):
             args = candidate.args
             if ranges:
                 args = tuple(
