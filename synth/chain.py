@@ -4,7 +4,9 @@ Each ``Link`` is one catalogue spec re-derived at the shape the running tensor h
 first link's tensor arguments are all drawn; a later link feeds the running tensor into its
 ``main`` argument and draws its other tensor arguments (a second operand, an index, a mask, a
 target). A drawn float tensor that does not follow the batch, other than the first, is held
-as a parameter (``weight_names``); every other drawn tensor is a task input. A link whose
+as a parameter (``weight_names``), an integer or bool one as a buffer where the chain holds
+them (``buffer_names``, ``compose.hold_integer_operands``); every other drawn tensor is a task
+input. A link whose
 operator returns several tensors (``topk``, ``nn.LSTM``, ``max(dim)``) continues on the element
 at ``pick``; the last link may return the whole tuple instead. ``execute`` runs a chain on
 real or meta tensors, so the same code path solves shapes, measures cost and checks values;
@@ -53,7 +55,9 @@ class Chain:
     whole output. ``batch_dims`` maps each task input to the dims that are the batch.
     ``cost``: one forward's cost at ``batch`` as the solver measured it link by link (None
     when unknown, e.g. after a rebatch). ``container``: the module or parameter holder the
-    task is written with (``synth.containers``), listed after the links' operators."""
+    task is written with (``synth.containers``), listed after the links' operators.
+    ``holds_integers``: integer and bool operands that do not follow the batch are held as
+    buffers (``buffer_names``) rather than drawn by ``get_inputs``."""
 
     links: tuple[Link, ...]
     batch: int
@@ -61,6 +65,7 @@ class Chain:
     batch_dims: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
     cost: Cost | None = field(default=None, hash=False, compare=False)
     container: str | None = None
+    holds_integers: bool = False
 
     @property
     def ops(self) -> list[str]:
@@ -81,10 +86,31 @@ def weight_names(chain: Chain) -> set[str]:
     a scalar operand), the chain's first input excepted: the task holds them as parameters, as
     hand-written tasks do (``F.conv1d(x, self.weight)``, ``x / self.scale``), rather than
     asking every call for them."""
-    drawn = [(name, arg) for link in chain.links for name, arg in expanded(link)]
+    return {name for name, arg in _batch_free(chain) if arg.dtype == "float32"}
+
+
+def buffer_names(chain: Chain) -> set[str]:
+    """With ``chain.holds_integers``, the integer and bool tensors independent of the batch
+    (an index, a small mask), the first input excepted: a parameter cannot hold them, so the
+    task registers them as buffers, which follow the model to its device as an index passed
+    at init or held by the model does in hand-written tasks."""
+    if not chain.holds_integers:
+        return set()
     return {
-        name for name, arg in drawn[1:] if arg.dtype == "float32" and not chain.batch_dims.get(name)
+        name
+        for name, arg in _batch_free(chain)
+        if arg.dtype != "float32" and not hasattr(torch.nn.Module, name)  # register_buffer refuses
     }
+
+
+def held_names(chain: Chain) -> set[str]:
+    """Every drawn tensor the model holds instead of taking it as an input."""
+    return weight_names(chain) | buffer_names(chain)
+
+
+def _batch_free(chain: Chain) -> list[tuple[str, InputSpec]]:
+    drawn = [(name, arg) for link in chain.links for name, arg in expanded(link)]
+    return [(name, arg) for name, arg in drawn[1:] if not chain.batch_dims.get(name)]
 
 
 def expanded(link: Link) -> list[tuple[str, InputSpec]]:

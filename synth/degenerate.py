@@ -25,8 +25,8 @@ from opsynth.synth.chain import (
     build_callables,
     draw_inputs,
     execute,
+    held_names,
     tensors_in,
-    weight_names,
 )
 
 # Operators that are identities by definition; Ops-6K keeps them as tasks of their own (and
@@ -158,7 +158,7 @@ def check_sample(chain: Chain, cfg: ComposeConfig) -> None:
                 _check_input_answer(first, draws[0], cfg)
             _check_links(chain, trace)
             _check_constants(chain, callables, draws[0], first, cfg)
-            fixed = weight_names(chain)
+            fixed = held_names(chain)
             draws[1].update({name: draws[0][name] for name in fixed})
             second = tensors_in(execute(chain, callables, draws[1]))
             if rel_diff(first, second) <= cfg.distinct_rtol:

@@ -425,7 +425,12 @@ class Solver:
                 break
             else:
                 raise last
-        solved = Chain(tuple(state.links), batches(rank)[0], cost=total(state.costs))
+        solved = Chain(
+            tuple(state.links),
+            batches(rank)[0],
+            cost=total(state.costs),
+            holds_integers=self.cfg.hold_integer_operands,
+        )
         replayed = self._replay(seeds, state.choices, _with_batch(shape, batches(rank)[1]))
         return _with_batch_dims(solved, replayed, batches(rank))
 

@@ -318,6 +318,15 @@ class ComposeConfig(_Section):
         "never composed (no input to compute from), what runs composed before (v1.0.0's "
         "config pins it)",
     )
+    hold_integer_operands: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="an integer or bool tensor operand that does not follow the batch (an "
+        "index_select index, a gather index, a small mask) is held by the model as a buffer "
+        "drawn in __init__, as Ops-6K mostly holds them (an init input, a buffer, an "
+        "attribute), instead of being a get_inputs input; false = every such operand is a "
+        "task input, what runs composed before (v1.0.0's config pins it)",
+    )
     batch_range: tuple[int, int] = Field(
         default=(2, 65536),
         description="batch sizes the cost model may pick (for a rank-1 input, its length); 2+ "
