@@ -6,11 +6,10 @@ first link's tensor arguments are all drawn; a later link feeds the running tens
 target). A drawn float tensor that does not follow the batch, other than the first, is held
 as a parameter (``weight_names``), an integer or bool one as a buffer where the chain holds
 them (``buffer_names``, ``compose.hold_integer_operands``); every other drawn tensor is a task
-input. A link whose
-operator returns several tensors (``topk``, ``nn.LSTM``, ``max(dim)``) continues on the element
-at ``pick``; the last link may return the whole tuple instead. ``execute`` runs a chain on
-real or meta tensors, so the same code path solves shapes, measures cost and checks values;
-the renderer (``synth.emit``) writes the same calls as source.
+input. A link whose operator returns several tensors (``topk``, ``nn.LSTM``, ``max(dim)``)
+continues on the element at ``pick``; the last link may return the whole tuple instead.
+``execute`` runs a chain on real or meta tensors, so the same code path solves shapes,
+measures cost and checks values; the renderer (``synth.emit``) writes the same calls as source.
 """
 
 from __future__ import annotations

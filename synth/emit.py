@@ -22,7 +22,7 @@ from opsynth.record import Task
 from opsynth.synth import containers
 from opsynth.synth.catalog.render import DIM_NAMES, draw_expression, literal
 from opsynth.synth.catalog.spec import CatalogSpec
-from opsynth.synth.chain import Chain, Link, buffer_names, held_names, weight_names
+from opsynth.synth.chain import Chain, Link, buffer_names, weight_names
 
 SCALE_NAME = "scale"
 BATCH_NAME = "batch_size"
@@ -192,7 +192,9 @@ def _imports(chain: Chain) -> list[str]:
 def render_code(chain: Chain) -> str:
     weights, buffers = weight_names(chain), buffer_names(chain)
     specs = chain.input_specs()
-    inputs = {name: arg for name, arg in specs.items() if name not in weights | buffers}
+    inputs = {
+        name: arg for name, arg in specs.items() if name not in weights and name not in buffers
+    }
     names = _Names(set(inputs) | {"Model", "torch", "nn", "F", "x", BATCH_NAME, SCALE_NAME})
     names.values[SCALE_NAME] = "1"
     names.values[BATCH_NAME] = f"{chain.batch} * {SCALE_NAME}"
@@ -216,16 +218,19 @@ def render_code(chain: Chain) -> str:
 
     init_params: list[str] = []
     attrs: set[str] = set(weights)
+
+    def drawn_at_init(name: str) -> str:
+        return draw_expression(specs[name], literal(tuple(specs[name].shape)))
+
     parameters = {
-        name: f"nn.Parameter({draw_expression(specs[name], literal(tuple(specs[name].shape)))})"
+        name: f"nn.Parameter({drawn_at_init(name)})"
         for name in sorted(weights, key=list(specs).index)
     }
     held, init_lines = _held_parameters(parameters, chain.container, attrs)
     for name in sorted(buffers, key=list(specs).index):
         attrs.add(name)
         held[name] = f"self.{name}"
-        drawn = draw_expression(specs[name], literal(tuple(specs[name].shape)))
-        init_lines.append(f'self.register_buffer("{name}", {drawn})')
+        init_lines.append(f'self.register_buffer("{name}", {drawn_at_init(name)})')
     modules: dict[int, tuple[str, str]] = {}  # link index -> (attribute, constructor call)
     for i, link in enumerate(chain.links):
         if link.spec.kind == "module":
@@ -299,36 +304,31 @@ def render_code(chain: Chain) -> str:
 def describe(chain: Chain) -> dict[str, Any]:
     """Everything needed to audit or resize a task without parsing its code."""
     specs, weights, buffers = chain.input_specs(), weight_names(chain), buffer_names(chain)
-    return (
-        {
-            "inputs": {
-                name: {"shape": list(arg.shape), "dtype": arg.dtype}
-                for name, arg in specs.items()
-                if name not in held_names(chain)
-            },
-            "parameters": {name: list(arg.shape) for name, arg in specs.items() if name in weights},
-            "batch_dims": {k: list(v) for k, v in chain.batch_dims.items()},
-            "links": [
-                {"name": link.name, "library": link.spec.library, "pick": list(link.pick)}
-                for link in chain.links
-            ],
-            "returns_tuple": chain.returns_tuple,
-            "batch_size": chain.batch,
-            "scale": 1,
+    described = {
+        "inputs": {
+            name: {"shape": list(arg.shape), "dtype": arg.dtype}
+            for name, arg in specs.items()
+            if name not in weights and name not in buffers
+        },
+        "parameters": {name: list(arg.shape) for name, arg in specs.items() if name in weights},
+        "batch_dims": {k: list(v) for k, v in chain.batch_dims.items()},
+        "links": [
+            {"name": link.name, "library": link.spec.library, "pick": list(link.pick)}
+            for link in chain.links
+        ],
+        "returns_tuple": chain.returns_tuple,
+        "batch_size": chain.batch,
+        "scale": 1,
+    }
+    if chain.container:
+        described["container"] = chain.container
+    if buffers:
+        described["buffers"] = {
+            name: {"shape": list(arg.shape), "dtype": arg.dtype}
+            for name, arg in specs.items()
+            if name in buffers
         }
-        | ({"container": chain.container} if chain.container else {})
-        | (
-            {
-                "buffers": {
-                    name: {"shape": list(arg.shape), "dtype": arg.dtype}
-                    for name, arg in specs.items()
-                    if name in buffers
-                }
-            }
-            if buffers
-            else {}
-        )
-    )
+    return described
 
 
 def render_task(
