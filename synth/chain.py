@@ -6,10 +6,13 @@ first link's tensor arguments are all drawn; a later link feeds the running tens
 target). A drawn float tensor that does not follow the batch, other than the first, is held
 as a parameter (``weight_names``), an integer or bool one as a buffer where the chain holds
 them (``buffer_names``, ``compose.hold_integer_operands``); every other drawn tensor is a task
-input. A link whose operator returns several tensors (``topk``, ``nn.LSTM``, ``max(dim)``)
-continues on the element at ``pick``; the last link may return the whole tuple instead.
-``execute`` runs a chain on real or meta tensors, so the same code path solves shapes,
-measures cost and checks values; the renderer (``synth.emit``) writes the same calls as source.
+input. A batch-sized operand may instead be a value the chain already computed (``reuses``,
+``compose.reuse_share``): its input, an earlier link's result or, for an attention, the
+running tensor itself. A link whose operator returns several tensors (``topk``, ``nn.LSTM``,
+``max(dim)``) continues on the element at ``pick``; the last link may return the whole tuple
+instead. ``execute`` runs a chain on real or meta tensors, so the same code path solves
+shapes, measures cost and checks values; the renderer (``synth.emit``) writes the same calls
+as source.
 """
 
 from __future__ import annotations
@@ -34,7 +37,10 @@ class Link:
     (``main``; None for the first link), the task-input name of every other tensor argument,
     and the path to the element the chain continues on (``()`` for a tensor output).
     ``combine``: for a constructor composed as a constant operand (``synth.constants``), the
-    operator applying its tensor to the running tensor; empty for every other link."""
+    operator applying its tensor to the running tensor; empty for every other link.
+    ``reuses``: operands (by their ``expanded`` names) that are not drawn but take a value of
+    the chain, each with its source: ``j`` is the tensor entering link ``j`` (0: the chain's
+    first input), up to this link's own running tensor."""
 
     seed_id: str
     spec: CatalogSpec
@@ -42,6 +48,7 @@ class Link:
     inputs: tuple[str | None, ...]
     pick: tuple[int, ...] = ()
     combine: str = ""
+    reuses: tuple[tuple[str, int], ...] = ()
 
     @property
     def name(self) -> str:
@@ -112,9 +119,10 @@ def _batch_free(chain: Chain) -> list[tuple[str, InputSpec]]:
     return [(name, arg) for name, arg in drawn[1:] if not chain.batch_dims.get(name)]
 
 
-def expanded(link: Link) -> list[tuple[str, InputSpec]]:
+def expanded(link: Link, with_reused: bool = False) -> list[tuple[str, InputSpec]]:
     """The task inputs one link draws: a tensor argument is one input, a tensor-list argument
-    one input per element (``name_0``, ``name_1``...), the running tensor none of them."""
+    one input per element (``name_0``, ``name_1``...), the running tensor none of them, and
+    no operand the link takes from the chain (``reuses``) unless ``with_reused``."""
     out = []
     for i, (arg, name) in enumerate(zip(link.spec.args, link.inputs, strict=True)):
         if not arg.tensor or name is None:
@@ -124,7 +132,31 @@ def expanded(link: Link) -> list[tuple[str, InputSpec]]:
             out += [(f"{name}_{j}", replace(arg, count=0)) for j in range(first, arg.count)]
         else:
             out.append((name, arg))
-    return out
+    if with_reused or not link.reuses:
+        return out
+    reused = dict(link.reuses)
+    return [(name, arg) for name, arg in out if name not in reused]
+
+
+def reuse_sources(links: Sequence[Link]) -> set[int]:
+    """The links whose entering tensor a later link takes again (``Link.reuses``): the task
+    keeps it under a name of its own before that link overwrites it."""
+    return {j for k, link in enumerate(links) for _, j in link.reuses if j < k}
+
+
+def without_link(chain: Chain, i: int) -> Chain:
+    """``chain`` less link ``i``, its reuse sources renumbered: a value that entered a later
+    link now enters the one before, and the value link ``i`` produced is the one it took."""
+
+    def moved(j: int) -> int:
+        return j - 1 if j > i else j
+
+    links = [
+        replace(link, reuses=tuple((name, moved(j)) for name, j in link.reuses))
+        for k, link in enumerate(chain.links)
+        if k != i
+    ]
+    return replace(chain, links=tuple(links))
 
 
 def follow(out: Any, path: Sequence[int]) -> Any:
@@ -235,10 +267,20 @@ def execute(
     """The chain's output on ``inputs``; ``trace`` collects (running in, continued out) per link."""
     running: Any = None
     out: Any = None
-    for link, fn in zip(chain.links, callables, strict=True):
+    entering: list[Any] = []  # the tensor entering each link; the first input for link 0
+    for k, (link, fn) in enumerate(zip(chain.links, callables, strict=True)):
+        entering.append(running if k else first_input(link, inputs))
+        if link.reuses:
+            inputs = {**inputs, **{name: entering[j] for name, j in link.reuses}}
         out = call_link(link, fn, running, inputs)
         following = follow(out, link.pick)
         if trace is not None:
             trace.append((running, following))
         running = following
     return out if chain.returns_tuple else running
+
+
+def first_input(link: Link, inputs: Mapping[str, Any]) -> Any:
+    """The chain's first input: the first tensor the first link draws (a reuse's source 0)."""
+    drawn = expanded(link)
+    return inputs.get(drawn[0][0]) if drawn else None

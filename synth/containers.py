@@ -47,13 +47,20 @@ def _takes_one_tensor(link: Link) -> bool:
 
 def sequential_run(links: Sequence[Link]) -> range | None:
     """The links an ``nn.Sequential`` holds: the first module called with one tensor, and the
-    modules after it that each take only the tensor the one before returned; None when no
-    module fits."""
+    modules after it that each take only the tensor the one before returned, unless a later
+    link takes that tensor again (``Link.reuses``: the task keeps it between the two calls);
+    None when no module fits."""
     start = next((i for i, link in enumerate(links) if _takes_one_tensor(link)), None)
     if start is None:
         return None
+    sources = {j for link in links for _, j in link.reuses}
     end = start + 1
-    while end < len(links) and not links[end - 1].pick and _takes_one_tensor(links[end]):
+    while (
+        end < len(links)
+        and not links[end - 1].pick
+        and end not in sources
+        and _takes_one_tensor(links[end])
+    ):
         end += 1
     return range(start, end)
 

@@ -14,7 +14,6 @@ or not finite make eager-vs-kernel comparisons meaningless. A constant operand
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from opsynth.synth.chain import (
     execute,
     held_names,
     tensors_in,
+    without_link,
 )
 
 # Operators that are identities by definition; Ops-6K keeps them as tasks of their own (and
@@ -135,7 +135,7 @@ def _check_constants(
         if not link.combine:
             continue
         kept = [j for j in range(len(chain.links)) if j != i]
-        without = replace(chain, links=tuple(chain.links[j] for j in kept))
+        without = without_link(chain, i)
         rest = tensors_in(execute(without, [callables[j] for j in kept], draw))
         if rel_diff(outputs, rest) <= cfg.distinct_rtol:
             raise Degenerate("constant_ignored", f"{link.name} does not move the output")

@@ -10,7 +10,8 @@ rewriting that one literal resizes the task without solving it again. A chain dr
 container (``synth.containers``) holds its modules or parameters in it and calls them
 through it; the calls themselves are the same. A tensor constructor composed as a constant
 operand (``synth.constants``) is built in ``forward`` on ``x``'s device and applied to it
-(``x = x * torch.arange(64, device=x.device)``).
+(``x = x * torch.arange(64, device=x.device)``). A tensor a later operator takes again
+(``synth.reuse``) is kept under a name of its own before ``x`` moves on (``residual = x``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from opsynth.record import Task
 from opsynth.synth import containers
 from opsynth.synth.catalog.render import DIM_NAMES, draw_expression, literal
 from opsynth.synth.catalog.spec import CatalogSpec
-from opsynth.synth.chain import Chain, Link, buffer_names, weight_names
+from opsynth.synth.chain import Chain, Link, buffer_names, reuse_sources, weight_names
 
 SCALE_NAME = "scale"
 BATCH_NAME = "batch_size"
@@ -189,6 +190,21 @@ def _imports(chain: Chain) -> list[str]:
     return extra
 
 
+def _kept_values(
+    chain: Chain, taken: set[str], held: dict[str, str], first_name: str
+) -> dict[int, str]:
+    """The local name each reuse source is kept under (by the link it enters), and how every
+    reused operand is written into ``held``: its source's name, ``x`` for the running tensor
+    (the first input's name for the first link)."""
+    kept: dict[int, str] = {}
+    for j in sorted(reuse_sources(chain.links)):
+        kept[j] = _claim("residual", taken)
+    for k, link in enumerate(chain.links):
+        for name, j in link.reuses:
+            held[name] = kept[j] if j < k else ("x" if k else first_name)
+    return kept
+
+
 def render_code(chain: Chain) -> str:
     weights, buffers = weight_names(chain), buffer_names(chain)
     specs = chain.input_specs()
@@ -241,10 +257,13 @@ def render_code(chain: Chain) -> str:
             modules[i] = (_attr(link.spec, attrs), built)
     callees, module_lines, run = _held_modules(chain.container, modules, chain.links, attrs)
     init_lines += module_lines
+    kept = _kept_values(chain, set(inputs) | set(names.values), held, first_name)
     forward: list[str] = []
     for i, link in enumerate(chain.links):
         if run is not None and i in run[1:]:  # called through the nn.Sequential's first
             continue
+        if i in kept:
+            forward.append(f"{kept[i]} = {'x' if i else first_name}")
         last = chain.links[run.stop - 1] if run is not None and i == run.start else link
         whole = chain.returns_tuple and last is chain.links[-1]
         call = _expression(link, callees.get(i, ""), held, whole=True)
@@ -314,6 +333,7 @@ def describe(chain: Chain) -> dict[str, Any]:
         "batch_dims": {k: list(v) for k, v in chain.batch_dims.items()},
         "links": [
             {"name": link.name, "library": link.spec.library, "pick": list(link.pick)}
+            | ({"reuses": dict(link.reuses)} if link.reuses else {})
             for link in chain.links
         ],
         "returns_tuple": chain.returns_tuple,

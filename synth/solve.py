@@ -30,6 +30,7 @@ from opsynth.synth.chain import (
     call_link,
     continuation,
     expanded,
+    first_input,
     follow,
     layout,
     tensors_in,
@@ -39,6 +40,7 @@ from opsynth.synth.cost import Cost, cost_of, counting, total
 from opsynth.synth.degenerate import Degenerate, is_dropout
 from opsynth.synth.implicit_dim import implicit_dim, names_dim
 from opsynth.synth.optional_args import draw_optional
+from opsynth.synth.reuse import Reuse, draw_reuses, fits_again, named
 from opsynth.synth.sampling import profile_arguments
 from opsynth.synth.sorting import stable_sort
 
@@ -132,6 +134,7 @@ class _Choice:
     # (``unbind`` along it) cannot be resized, and sizing would give it thousands
     layout: tuple[tuple[int, ...], ...] = ()
     combine: str = ""  # a constant operand's operator (``synth.constants``)
+    reuses: tuple[Reuse, ...] = ()  # operands taken from the chain (``synth.reuse``)
 
 
 def _vary(spec: CatalogSpec, varied: Sequence[tuple[str, Any]]) -> CatalogSpec:
@@ -248,6 +251,17 @@ def _meta_inputs(links: Sequence[Link]) -> dict[str, Any]:
     return {name: make_tensor(arg, "meta") for link in links for name, arg in expanded(link)}
 
 
+def _first_value(spec: CatalogSpec) -> Any:
+    """The chain's first input as the first link ``spec`` would draw it, on meta (None for
+    a constructor, which draws none)."""
+    arg = next((a for a in spec.args if a.tensor), None)
+    return None if arg is None else make_tensor(replace(arg, count=0), "meta")
+
+
+def _reused(link: Link, values: Sequence[Any]) -> dict[str, Any]:
+    return {name: values[j] for name, j in link.reuses}
+
+
 def _try_link(
     link: Link, running: Any, inputs: dict[str, Any], sampled: bool = False
 ) -> tuple[Any, Cost, bool]:
@@ -290,7 +304,7 @@ def _sample_elements(link: Link, running: Any) -> int:
     link's own inputs and, for a module, its parameters (counted on meta, where they cost
     nothing)."""
     elements = running.numel() if isinstance(running, torch.Tensor) else 0
-    elements += sum(math.prod(arg.shape) for _, arg in expanded(link))
+    elements += sum(math.prod(arg.shape) for _, arg in expanded(link, with_reused=True))
     if link.spec.kind == "module":
         elements += sum(p.numel() for p in build(link.spec, "meta").parameters())
     return elements
@@ -307,7 +321,8 @@ def _sampled_call(link: Link, running: Any) -> tuple[Any, Any, bool]:
     outputs, counters = [], []
     for draw in range(2):
         generator = torch.Generator().manual_seed(draw)
-        own = {name: make_tensor(arg, "cpu", generator) for name, arg in expanded(link)}
+        drawn = expanded(link, with_reused=True)  # a reused operand's sample: its shape
+        own = {name: make_tensor(arg, "cpu", generator) for name, arg in drawn}
         value = _sample_like(running, generator) if isinstance(running, torch.Tensor) else None
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(draw)
@@ -339,9 +354,11 @@ def _rebuild(skeleton: Any) -> Any:
 @dataclass
 class _State:
     """A chain being grown: its links, how each was chosen, the input names taken, the
-    running tensor, the meta inputs and the cost of each link so far."""
+    running tensor, the meta inputs, the cost of each link so far and the tensor that entered
+    each link (the first input for the first link), which later links may take again."""
 
     links: list[Link] = field(default_factory=list)
+    entering: list[Any] = field(default_factory=list)
     choices: list[_Choice] = field(default_factory=list)
     costs: list[Cost] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
@@ -447,14 +464,19 @@ class Solver:
         # the seed's validated form, written as its re-derivations are (a stable sort's flag)
         form = _form(stable_sort(seed.spec) if self.cfg.stable_sort else seed.spec)
         integer_first = not position and self.rng.random() < self.cfg.int_input_share
+        fills: dict[int, tuple[Reuse, ...]] = {}
         if integer_first:
             order.sort(key=lambda i: not _takes_integers(specs[i]))
         elif self.rng.random() >= self.cfg.multi_input_share:
             # this link adds no batch-sized input: an operator that needs one is not taken
-            # here, so the chain grows with another (multi-input tasks stay as rare as drawn)
-            order = [i for i in order if not _adds_input(specs[i], target, not position)]
+            # here unless the chain has a value for it, so the chain grows with another
+            # (multi-input tasks stay as rare as drawn)
+            fills = self._draw_reuses(state, specs, target, dtype, position)
+            order = [
+                i for i in order if i in fills or not _adds_input(specs[i], target, not position)
+            ]
             order.sort(key=lambda i: _form(specs[i]) != form)
-        else:
+        else:  # this link may add a batch-sized input: its operands are inputs
             order.sort(key=lambda i: _form(specs[i]) != form)
         if self.cfg.explicit_dim and implicit_dim(seed.spec):
             order.sort(key=lambda i: not names_dim(specs[i]))  # stable: forms keep their order
@@ -471,24 +493,25 @@ class Solver:
             if main_arg is None or (main_arg.dtype != wanted and not integer_first):
                 continue
             key = (seed.id, position == 0, target, dtype, index)
+            reuses = fills.get(index, ())
             for varied in _variations(base, self.rng, self.cfg, self._optional):
                 if is_dropout(base.name):
                     varied = (*varied, NO_DROP)
                 try:
-                    link, trial, out, cost = self._attempt(state, base, main, key, varied)
+                    link, trial, out, cost = self._attempt(state, base, main, key, varied, reuses)
                 except Degenerate as exc:
                     last = exc
                     continue
                 if follow(out, continuation(out)).dim() == 0 and UNREDUCED[0] not in dict(varied):
-                    retried = self._with(state, base, main, key, (*varied, UNREDUCED))
+                    retried = self._with(state, base, main, key, (*varied, UNREDUCED), reuses)
                     if retried is not None:  # else it takes no reduction: stays a scalar
                         link, trial, out, cost, varied = retried
                 if self._along_dim_1(follow(out, continuation(out)), varied):
-                    retried = self._with(state, base, main, key, (*varied, ALONG_DIM_1))
+                    retried = self._with(state, base, main, key, (*varied, ALONG_DIM_1), reuses)
                     if retried is not None:  # else it takes no dim: stays a scalar
                         link, trial, out, cost, varied = retried
                 if _splits_the_batch(out, target) and ALONG_DIM_1[0] not in dict(varied):
-                    retried = self._with(state, base, main, key, (*varied, ALONG_DIM_1))
+                    retried = self._with(state, base, main, key, (*varied, ALONG_DIM_1), reuses)
                     if retried is not None:  # else the replay at another batch refuses it
                         link, trial, out, cost, varied = retried
                 path = continuation(out)
@@ -501,8 +524,9 @@ class Solver:
                     last = Degenerate("shape", f"{seed.spec.name}'s output size is data")
                     continue
                 state.taken.update(n for n in link.inputs if n)
+                state.entering.append(self._values(state, link, trial)[-1])
                 state.links.append(replace(link, pick=path))
-                state.choices.append(_Choice(index, varied, path, layout(out)))
+                state.choices.append(_Choice(index, varied, path, layout(out), reuses=reuses))
                 state.costs.append(cost)
                 state.inputs, state.running = trial, following
                 return
@@ -520,6 +544,7 @@ class Solver:
         combine = self.rng.choice(COMBINE)
         link, key = _constant_link(seed, target, dtype, combine)
         out, cost = self._propagate(key, link, state.running, state.inputs)
+        state.entering.append(state.running)
         state.links.append(link)
         state.choices.append(_Choice(0, (), (), layout(out), combine))
         state.costs.append(cost)
@@ -534,20 +559,53 @@ class Solver:
             return False
         return self.rng.random() >= share
 
-    def _with(self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple):
+    def _draw_reuses(
+        self, state: _State, specs: Sequence[CatalogSpec], target: tuple, dtype, position: int
+    ) -> dict[int, tuple[Reuse, ...]]:
+        """With ``compose.reuse_share``, the argument sets (by index) whose batch-sized
+        operands the chain can fill with its own values, each with the sources drawn
+        (``synth.reuse``); empty otherwise (no draw at 0, so runs composed before the setting
+        compose the same)."""
+        share = self.cfg.reuse_share
+        if share <= 0 or self.rng.random() >= share:
+            return {}
+        fills = {}
+        for i, spec in enumerate(specs):
+            main = main_index(spec, dtype) if position else None
+            values = [*state.entering, state.running] if position else [_first_value(spec)]
+            found = draw_reuses(spec, main, target, values, self.rng)
+            if found:
+                fills[i] = found
+        return fills
+
+    def _values(self, state: _State, link: Link, inputs: Mapping[str, Any]) -> list[Any]:
+        """The tensors a link may take again: those entering each earlier link and its own
+        running tensor (for the first link, its first input)."""
+        if state.links:
+            return [*state.entering, state.running]
+        return [first_input(link, inputs)]
+
+    def _with(self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple, reuses=()):
         """``_attempt`` with ``varied`` and ``varied`` itself, or None when it is Degenerate."""
         try:
-            return (*self._attempt(state, base, main, key, varied), varied)
+            return (*self._attempt(state, base, main, key, varied, reuses), varied)
         except Degenerate:
             return None
 
-    def _attempt(self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple):
+    def _attempt(
+        self, state: _State, base: CatalogSpec, main, key: tuple, varied: tuple, reuses=()
+    ):
         """One argument variation of ``base`` as the next link, run on meta: the link, the
         meta inputs with its own, its output and its cost; or Degenerate. ``key`` names the
-        seed, the running tensor and the argument set, for ``_propagate``."""
+        seed, the running tensor and the argument set, for ``_propagate`` (a reused operand
+        has the shape of the input it replaces, so the output is the same). ``reuses``: the
+        operands taken from the chain."""
         spec = _vary(base, varied)
-        link = Link(key[0], spec, main, _link_inputs(spec, main, set(state.taken)))
+        names = _link_inputs(spec, main, set(state.taken))
+        link = Link(key[0], spec, main, names, reuses=named(reuses, names))
         trial = {**state.inputs, **_meta_inputs([link])}
+        if link.reuses:
+            trial.update(_reused(link, self._values(state, link, trial)))
         return link, trial, *self._propagate((*key, varied), link, state.running, trial)
 
     def _replay(self, seeds: Sequence[Seed], choices: Sequence[_Choice], shape) -> list[Link]:
@@ -555,11 +613,13 @@ class Solver:
         taken: set[str] = set()
         running: Any = None
         inputs: dict[str, Any] = {}
+        entering: list[Any] = []
         for position, (seed, choice) in enumerate(zip(seeds, choices, strict=True)):
             target = shape if running is None else tuple(running.shape)
             dtype = "float32" if running is None else DTYPES.get(running.dtype)
             if choice.combine:  # sized again: a length that follows the batch is refused later
                 link, key = _constant_link(seed, target, dtype, choice.combine)
+                entering.append(running)
                 running, _ = self._propagate(key, link, running, inputs)
                 links.append(link)
                 continue
@@ -568,8 +628,14 @@ class Solver:
                 raise Degenerate("batch", f"{seed.spec.name} derives otherwise at another batch")
             spec = _vary(specs[choice.index], choice.varied)
             main = main_index(spec, dtype) if position else None
-            link = Link(seed.id, spec, main, _link_inputs(spec, main, taken), choice.pick)
+            names = _link_inputs(spec, main, taken)
+            link = Link(seed.id, spec, main, names, choice.pick, reuses=named(choice.reuses, names))
             inputs = {**inputs, **_meta_inputs([link])}
+            values = [*entering, running] if position else [first_input(link, inputs)]
+            if not fits_again(choice.reuses, spec, values):
+                raise Degenerate("batch", f"{seed.spec.name}: a reused operand's shape differs")
+            inputs.update(_reused(link, values))
+            entering.append(values[-1])
             key = (seed.id, position == 0, target, dtype, choice.index, choice.varied)
             out, _ = self._propagate(key, link, running, inputs)
             if layout(out) != choice.layout:

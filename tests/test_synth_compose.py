@@ -447,10 +447,12 @@ def test_a_task_whose_number_of_outputs_follows_the_batch_is_never_composed():
 def test_a_chained_loss_compares_the_running_tensor_with_a_target(catalogue_seeds):
     """A loss is composed unreduced (``reduction='none'``): a mean over a sized batch barely
     differs between inputs, and an unreduced loss can sit mid-chain. Every loss link compares
-    the running tensor with a float target of its shape, a task input."""
-    tasks = composed(catalogue_seeds, "torch.tanh", "nn.MSELoss", mix={"torch#2": 1.0}, n=3)
+    the running tensor with a float target of its shape: a task input, or the chain's input
+    kept for it (``compose.reuse_share``)."""
+    tasks = composed(catalogue_seeds, "torch.tanh", "nn.MSELoss", mix={"torch#2": 1.0}, n=6)
     losses = [t for t in tasks if "nn.MSELoss" in t.ops]
     assert losses
+    kinds = set()
     for task in losses:
         assert "reduction='none'" in task.code, task.code
         out, inputs = run_task(task)
@@ -458,8 +460,15 @@ def test_a_chained_loss_compares_the_running_tensor_with_a_target(catalogue_seed
         first = next(iter(inputs.values()))
         assert out.shape == first.shape, task.code
         targets = [t for name, t in inputs.items() if name != "x"]
-        assert targets and all(t.dtype == torch.float32 for t in targets), task.code
+        links = [link for link in task.meta["links"] if link["name"] == "nn.MSELoss"]
+        kept = [link for link in links if link.get("reuses")]
+        kinds |= {"kept"} if kept else set()
+        kinds |= {"input"} if len(kept) < len(links) else set()
+        assert len(targets) == len(links) - len(kept), task.code
+        assert all(t.dtype == torch.float32 for t in targets), task.code
+        assert not kept or "residual" in task.code, task.code
         assert re.search(r"self\.\w+\(\w+, ", task.code), task.code
+    assert kinds == {"kept", "input"}, [t.code for t in losses]
 
 
 def test_a_loss_alone_takes_its_input_and_target(catalogue_seeds):
@@ -534,7 +543,8 @@ def test_padding_and_interpolation_change_the_spatial_size(catalogue_seeds, op):
 
 
 def test_attention_takes_query_key_and_value(catalogue_seeds):
-    tasks = composed(catalogue_seeds, "nn.MultiheadAttention", mix={"torch#1": 1.0})
+    # without operands taken from the chain (self-attention: test_synth_reuse)
+    tasks = composed(catalogue_seeds, "nn.MultiheadAttention", mix={"torch#1": 1.0}, reuse_share=0)
     for task in tasks:
         out, inputs = run_task(task)
         query, key, value = inputs.values()
@@ -597,11 +607,13 @@ def test_multi_input_share_decides_whether_an_operator_takes_a_second_batch_inpu
         mix={"torch#2": 1.0},
         multi_input_share=share,
         int_input_share=0.0,
+        reuse_share=0.0,
     )
     inputs = [len(run_task(task)[1]) for task in tasks]
     if share == 0.0:
-        # torch.cat (whose list is batch-sized) is never taken; torch.add's operand, when it
-        # has one, does not follow the batch and is a parameter
+        # torch.cat (whose list is batch-sized) is never taken (nor given a value of the
+        # chain: reuse_share); torch.add's operand, when it has one, does not follow the batch
+        # and is a parameter
         assert inputs == [1] * 8 and not any("torch.cat" in t.ops for t in tasks), inputs
     else:
         assert max(inputs) > 1, inputs

@@ -288,13 +288,15 @@ class ComposeConfig(_Section):
         "inputs first (an index, a mask, integer operands), where it takes them",
     )
     multi_input_share: float = Field(
-        default=0.2,
+        default=0.28,
         ge=0,
         le=1,
         description="chance that an operator may take another batch-sized input (x + y, "
         "torch.cat([x, y]), a loss's target); otherwise it takes batch-free operands, which "
-        "the task holds as parameters, or another operator is drawn. Set so that about 15% "
-        "of accepted tasks have several inputs, as in Ops-6K",
+        "the task holds as parameters, or a value the chain has (reuse_share), or another "
+        "operator is drawn. Set so that about 15% of composed tasks have several inputs, as "
+        "in Ops-6K, with reuse_share at its default (0.2 before that setting; v1.0.0's "
+        "config pins it)",
     )
     container_share: float = Field(
         json_schema_extra=added_with(0.0),
@@ -326,6 +328,19 @@ class ComposeConfig(_Section):
         "drawn in __init__, as Ops-6K mostly holds them (an init input, a buffer, an "
         "attribute), instead of being a get_inputs input; false = every such operand is a "
         "task input, what runs composed before (v1.0.0's config pins it)",
+    )
+    reuse_share: float = Field(
+        json_schema_extra=added_with(0.0),
+        default=1.0,
+        ge=0,
+        le=1,
+        description="chance that an operator whose arguments ask for another batch-sized "
+        "operand, where the chain adds no input (1 - multi_input_share), takes a value the "
+        "chain already has, of that operand's shape, instead of not being taken there: the "
+        "chain's input or an earlier operator's result (a residual add, torch.cat((x, attn))), "
+        "or for an attention its running tensor (self.attn(x, x, x)), as Ops-6K's tasks often "
+        "do (synth/reuse.py); 0 = no operand is taken from the chain, what runs composed "
+        "before (v1.0.0's config pins it)",
     )
     batch_range: tuple[int, int] = Field(
         default=(2, 65536),
