@@ -8,11 +8,11 @@ as a parameter (``weight_names``), an integer or bool one as a buffer where the 
 them (``buffer_names``, ``compose.hold_integer_operands``); every other drawn tensor is a task
 input. A batch-sized operand may instead be a value the chain already computed (``reuses``,
 ``compose.reuse_share``): its input, an earlier link's result or, for an attention, the
-running tensor itself. A link whose operator returns several tensors (``topk``, ``nn.LSTM``,
-``max(dim)``) continues on the element at ``pick``; the last link may return the whole tuple
-instead. ``execute`` runs a chain on real or meta tensors, so the same code path solves
-shapes, measures cost and checks values; the renderer (``synth.emit``) writes the same calls
-as source.
+running tensor itself; a bool one such a value compared with zero. A link whose operator
+returns several tensors (``topk``, ``nn.LSTM``, ``max(dim)``) continues on the element at
+``pick``; the last link may return the whole tuple instead. ``execute`` runs a chain on real
+or meta tensors, so the same code path solves shapes, measures cost and checks values; the
+renderer (``synth.emit``) writes the same calls as source.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from opsynth.synth.catalog.probe import build, make_tensor, value_of
 from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
 from opsynth.synth.constants import combined
 from opsynth.synth.cost import Cost, counted_as_length, uncounted
+from opsynth.synth.reuse import compared
 
 Shape = tuple[int, ...]
 
@@ -40,7 +41,8 @@ class Link:
     operator applying its tensor to the running tensor; empty for every other link.
     ``reuses``: operands (by their ``expanded`` names) that are not drawn but take a value of
     the chain, each with its source: ``j`` is the tensor entering link ``j`` (0: the chain's
-    first input), up to this link's own running tensor."""
+    first input), up to this link's own running tensor; and the comparison with zero a bool
+    operand makes of it (``synth.reuse.TESTS``; "" for the value itself)."""
 
     seed_id: str
     spec: CatalogSpec
@@ -48,7 +50,7 @@ class Link:
     inputs: tuple[str | None, ...]
     pick: tuple[int, ...] = ()
     combine: str = ""
-    reuses: tuple[tuple[str, int], ...] = ()
+    reuses: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -134,14 +136,14 @@ def expanded(link: Link, with_reused: bool = False) -> list[tuple[str, InputSpec
             out.append((name, arg))
     if with_reused or not link.reuses:
         return out
-    reused = dict(link.reuses)
+    reused = {name for name, _, _ in link.reuses}
     return [(name, arg) for name, arg in out if name not in reused]
 
 
 def reuse_sources(links: Sequence[Link]) -> set[int]:
     """The links whose entering tensor a later link takes again (``Link.reuses``): the task
     keeps it under a name of its own before that link overwrites it."""
-    return {j for k, link in enumerate(links) for _, j in link.reuses if j < k}
+    return {j for k, link in enumerate(links) for _, j, _ in link.reuses if j < k}
 
 
 def without_link(chain: Chain, i: int) -> Chain:
@@ -152,7 +154,7 @@ def without_link(chain: Chain, i: int) -> Chain:
         return j - 1 if j > i else j
 
     links = [
-        replace(link, reuses=tuple((name, moved(j)) for name, j in link.reuses))
+        replace(link, reuses=tuple((name, moved(j), test) for name, j, test in link.reuses))
         for k, link in enumerate(chain.links)
         if k != i
     ]
@@ -271,7 +273,7 @@ def execute(
     for k, (link, fn) in enumerate(zip(chain.links, callables, strict=True)):
         entering.append(running if k else first_input(link, inputs))
         if link.reuses:
-            inputs = {**inputs, **{name: entering[j] for name, j in link.reuses}}
+            inputs = {**inputs, **{n: compared(entering[j], t) for n, j, t in link.reuses}}
         out = call_link(link, fn, running, inputs)
         following = follow(out, link.pick)
         if trace is not None:

@@ -53,7 +53,7 @@ def sequential_run(links: Sequence[Link]) -> range | None:
     start = next((i for i, link in enumerate(links) if _takes_one_tensor(link)), None)
     if start is None:
         return None
-    sources = {j for link in links for _, j in link.reuses}
+    sources = {j for link in links for _, j, _ in link.reuses}
     end = start + 1
     while (
         end < len(links)

@@ -195,13 +195,14 @@ def _kept_values(
 ) -> dict[int, str]:
     """The local name each reuse source is kept under (by the link it enters), and how every
     reused operand is written into ``held``: its source's name, ``x`` for the running tensor
-    (the first input's name for the first link)."""
+    (the first input's name for the first link), compared with zero for a bool operand."""
     kept: dict[int, str] = {}
     for j in sorted(reuse_sources(chain.links)):
         kept[j] = _claim("residual", taken)
     for k, link in enumerate(chain.links):
-        for name, j in link.reuses:
-            held[name] = kept[j] if j < k else ("x" if k else first_name)
+        for name, j, test in link.reuses:
+            source = kept[j] if j < k else ("x" if k else first_name)
+            held[name] = f"{source} {test} 0" if test else source
     return kept
 
 
@@ -333,7 +334,8 @@ def describe(chain: Chain) -> dict[str, Any]:
         "batch_dims": {k: list(v) for k, v in chain.batch_dims.items()},
         "links": [
             {"name": link.name, "library": link.spec.library, "pick": list(link.pick)}
-            | ({"reuses": dict(link.reuses)} if link.reuses else {})
+            | ({"reuses": {name: j for name, j, _ in link.reuses}} if link.reuses else {})
+            | ({"compared": {n: f"{t} 0" for n, _, t in link.reuses if t}} if _tested(link) else {})
             for link in chain.links
         ],
         "returns_tuple": chain.returns_tuple,
@@ -349,6 +351,10 @@ def describe(chain: Chain) -> dict[str, Any]:
             if name in buffers
         }
     return described
+
+
+def _tested(link: Link) -> bool:
+    return any(test for _, _, test in link.reuses)
 
 
 def render_task(

@@ -9,7 +9,10 @@ of the chain of that operand's shape instead of not being taken: the chain's inp
 tensor an earlier link produced, and for an attention the running tensor itself (its query as
 key and value). Any other operator given its own running tensor again would
 compute ``x - x`` or a loss of ``x`` against itself, which the degenerate checks refuse, so
-only attention takes it. The solver replays the same slots and sources at its second batch.
+only attention takes it. A batch-sized bool operand (``torch.where``'s condition,
+``masked_fill``'s mask) may be a value of the chain compared with zero, its running tensor
+included (``torch.where(x > 0, x, residual)``), as Ops-6K builds most of its conditions. The
+solver replays the same slots, sources and comparisons at its second batch.
 """
 
 from __future__ import annotations
@@ -20,9 +23,20 @@ from typing import Any
 
 from opsynth.synth.catalog.spec import CatalogSpec
 
-# (argument index, element of a tensor-list argument or None) -> the source it takes
+# (argument index, element of a tensor-list argument or None) -> the source it takes, and
+# the comparison with zero a bool operand makes of it ("" for the value itself)
 Slot = tuple[int, int | None]
-Reuse = tuple[Slot, int]
+Reuse = tuple[Slot, int, str]
+TESTS = (">", "<")
+
+
+def compared(value: Any, test: str) -> Any:
+    """A source as the operand takes it: the value itself, or its comparison with zero."""
+    if test == ">":
+        return value > 0
+    if test == "<":
+        return value < 0
+    return value
 
 
 def takes_itself(spec: CatalogSpec) -> bool:
@@ -58,46 +72,48 @@ def draw_reuses(
     values: Sequence[Any],
     rng: random.Random,
 ) -> tuple[Reuse, ...] | None:
-    """A source for every batch-sized float operand of ``spec`` among ``values`` (the tensors
-    entering each link so far, the running tensor last; for the first link, its own first
-    input), drawn by ``rng`` among those of the operand's shape; None when an operand has
-    none, or there is no such operand."""
+    """A source for every batch-sized float or bool operand of ``spec`` among ``values`` (the
+    tensors entering each link so far, the running tensor last; for the first link, its own
+    first input), drawn by ``rng`` among the float ones of the operand's shape, a bool
+    operand with a comparison drawn from ``TESTS``; None when an operand has none (an index),
+    or there is no such operand."""
     slots = operand_slots(spec, main, running)
     if not slots:
         return None
     own = len(values) - 1
     reuses = []
     for slot, shape, dtype in slots:
+        mask = dtype == "bool"
         fits = [
             j
             for j, value in enumerate(values)
-            if (j < own or takes_itself(spec))
-            and dtype == "float32"
+            if (j < own or mask or takes_itself(spec))
+            and dtype in ("float32", "bool")
             and getattr(value, "dtype", None) is not None
             and value.is_floating_point()
             and tuple(value.shape) == shape
         ]
         if not fits:
             return None
-        reuses.append((slot, rng.choice(fits)))
+        reuses.append((slot, rng.choice(fits), rng.choice(TESTS) if mask else ""))
     return tuple(reuses)
 
 
-def named(reuses: Sequence[Reuse], names: Sequence[str | None]) -> tuple[tuple[str, int], ...]:
+def named(reuses: Sequence[Reuse], names: Sequence[str | None]) -> tuple[tuple[str, int, str], ...]:
     """The reuses by their operands' input names (``chain.expanded``'s: ``name`` or
     ``name_j`` for a list's element), as ``Link.reuses`` holds them."""
     out = []
-    for (i, element), source in reuses:
+    for (i, element), source, test in reuses:
         name = names[i]
         assert name is not None, "a reused operand is a drawn tensor argument"
-        out.append((name if element is None else f"{name}_{element}", source))
+        out.append((name if element is None else f"{name}_{element}", source, test))
     return tuple(out)
 
 
 def fits_again(reuses: Sequence[Reuse], spec: CatalogSpec, values: Sequence[Any]) -> bool:
     """Whether every reused operand's source still has the operand's shape (the replay at
     the solver's second batch)."""
-    for (i, _), source in reuses:
+    for (i, _), source, _test in reuses:
         if source >= len(values) or tuple(values[source].shape) != tuple(spec.args[i].shape):
             return False
     return True

@@ -38,9 +38,9 @@ def test_the_key_follows_what_the_catalogue_depends_on(tmp_path, monkeypatch):
     moved = base.model_copy(update={"cache_dir": str(tmp_path)})
     assert catalogue_key(base) == catalogue_key(moved) and cache_root(moved) == tmp_path
     # a setting added later changes the key at its new default, not at what catalogues had
-    # before it (seeds.fill_uninitialized and seeds.added_overrides, which v1.0.0's config
-    # pins to false)
-    added = ("fill_uninitialized", "added_overrides")
+    # before it (seeds.fill_uninitialized, seeds.added_overrides and
+    # seeds.condition_overrides, which v1.0.0's config pins to false)
+    added = ("fill_uninitialized", "added_overrides", "condition_overrides")
     before = base.model_copy(update=dict.fromkeys(added, False))
     settings = before.model_dump(mode="json", exclude={"cache_dir", "workers", *added})
     for name in added:

@@ -377,12 +377,13 @@ def test_where_with_a_mask_input_at_the_default_rebind_limit(catalogue_seeds):
 
 def test_where_with_a_bool_mask_input_when_its_forms_are_reachable(catalogue_seeds):
     """With every re-derived form in reach, where is chained with its mask as a task input
-    (the only sequences are tanh->tanh and tanh->where: novelty forces the second). The
-    one-argument form, nonzero's, whose size is data, is ``compose.sampled_shapes``' and is
-    left out here."""
+    (the only sequences are tanh->tanh and tanh->where: novelty forces the second), where no
+    operand is taken from the chain (``compose.reuse_share``; its mask a comparison of one:
+    test_synth_reuse). The one-argument form, nonzero's, whose size is data, is
+    ``compose.sampled_shapes``' and is left out here."""
     cfg = only(catalogue_seeds, "torch.where", "torch.tanh", mix={"torch#2": 1.0})
     update = {"rebind_limit": 200, "novelty_attempts": 100, "max_attempts": 400}
-    update["sampled_shapes"] = False
+    update |= {"sampled_shapes": False, "reuse_share": 0.0}
     tasks = compose(catalogue_seeds, cfg.model_copy(update=update), n=2)
     chained = [t for t in tasks if "torch.where" in t.ops]
     assert chained, [t.ops for t in tasks]

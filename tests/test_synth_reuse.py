@@ -31,6 +31,8 @@ OPERATORS = (
     "torch.stack",
     "torch.add",
     "nn.MultiheadAttention",
+    "torch.where",
+    "torch.masked_fill",
 )
 REUSING = {"reuse_share": 1.0, "multi_input_share": 0.0}
 
@@ -95,7 +97,7 @@ def test_a_second_operand_of_the_inputs_shape_is_the_input_kept_as_residual(seed
 
 def test_an_attention_attends_its_input_to_itself(seeds):
     chain = _solved(seeds, ["nn.MultiheadAttention"])
-    assert [j for _, j in chain.links[0].reuses] == [0, 0]
+    assert [(j, test) for _, j, test in chain.links[0].reuses] == [(0, ""), (0, "")]
     out, code = _agree(chain)
     assert re.search(r"self\.\w+\(x, x, x", code), code
     _, inputs = load(code)
@@ -106,10 +108,33 @@ def test_a_later_attention_may_take_its_running_tensor_no_other_operator_does(se
     for attempt in range(6):
         chain = _solved(seeds, ["torch.tanh", "nn.ReLU", "torch.add"], rank=3, seed=attempt)
         for k, link in enumerate(chain.links):
-            assert all(j < k for _, j in link.reuses), (k, link.reuses)
+            assert all(j < k for _, j, _ in link.reuses), (k, link.reuses)
     chain = _solved(seeds, ["torch.tanh", "nn.MultiheadAttention"])
-    assert all(j <= 1 for _, j in chain.links[1].reuses)
+    assert all(j <= 1 for _, j, _ in chain.links[1].reuses)
     _agree(chain)
+
+
+@pytest.mark.parametrize("op", ["torch.where", "torch.masked_fill"])
+def test_a_bool_operand_is_a_value_of_the_chain_compared_with_zero(seeds, op):
+    chain = _solved(seeds, ["torch.tanh", op])
+    tests = {test for _, _, test in chain.links[1].reuses}
+    assert tests & {">", "<"}, chain.links[1].reuses
+    assert list(chain.input_specs()) == ["x"]
+    out, code = _agree(chain)
+    assert re.search(r"\b(x|residual) [<>] 0\b", code), code
+    _, inputs = load(code)
+    mask = torch.tanh(inputs["x"]) > 0
+    # where the comparison differs, so does the output: it is the operand
+    other = code.replace(" > 0", " < 0") if " > 0" in code else code.replace(" < 0", " > 0")
+    flipped, _ = _agree_code(other)
+    assert not torch.equal(out, flipped), code
+    assert mask.any() and not mask.all()
+
+
+def _agree_code(code: str) -> tuple[torch.Tensor, dict]:
+    model, inputs = load(code)
+    with torch.no_grad():
+        return flat(model(*inputs.values()))[0], inputs
 
 
 def test_a_task_with_a_reused_operand_resizes_with_its_batch(seeds):
@@ -128,9 +153,9 @@ def test_a_task_with_a_reused_operand_resizes_with_its_batch(seeds):
 
 def test_an_nn_sequential_stops_where_a_later_operator_takes_the_value_again(seeds):
     chain = _solved(seeds, ["nn.ReLU", "nn.Tanh", "torch.cat"])
-    (name, _), *_ = chain.links[2].reuses
-    between = replace(chain.links[2], reuses=((name, 1),))  # the ReLU's output, Tanh's input
-    before = replace(chain.links[2], reuses=((name, 0),))  # the input: both modules may run
+    (name, _, _), *_ = chain.links[2].reuses
+    between = replace(chain.links[2], reuses=((name, 1, ""),))  # the ReLU's output, Tanh's input
+    before = replace(chain.links[2], reuses=((name, 0, ""),))  # the input: both modules may run
     kept = replace(chain, links=(*chain.links[:2], between), container=containers.SEQUENTIAL)
     assert containers.sequential_run(kept.links) == range(0, 1)
     whole = replace(chain, links=(*chain.links[:2], before), container=containers.SEQUENTIAL)
@@ -142,26 +167,29 @@ def test_an_nn_sequential_stops_where_a_later_operator_takes_the_value_again(see
 
 def test_without_a_link_the_later_sources_move_back_with_it(seeds):
     chain = _solved(seeds, ["nn.ReLU", "nn.Tanh", "torch.cat"])
-    (name, _), *_ = chain.links[2].reuses
+    (name, _, _), *_ = chain.links[2].reuses
     for source, expected in ((0, 0), (1, 0), (2, 1)):
-        link = replace(chain.links[2], reuses=((name, source),))
+        link = replace(chain.links[2], reuses=((name, source, ""),))
         less = without_link(replace(chain, links=(*chain.links[:2], link)), 0)
         assert [link.name for link in less.links] == ["nn.Tanh", "torch.cat"]
-        assert less.links[1].reuses == ((name, expected),)
+        assert less.links[1].reuses == ((name, expected, ""),)
 
 
 def test_composed_tasks_reuse_and_run(seeds):
     settings = {"tuple_output_share": 0.0, "container_share": 0.0, **REUSING}
-    settings["mix"] = {"torch#2": 0.5, "torch#3": 0.5}
+    # no first operator tried with integer inputs first, which may take several
+    settings |= {"int_input_share": 0.0, "mix": {"torch#2": 0.5, "torch#3": 0.5}}
     tasks = compose(seeds, only(seeds, *OPERATORS, **settings), n=16)
     joined = [t for t in tasks if {"torch.cat", "torch.stack", "torch.add"} & set(t.ops)]
     assert joined, [t.ops for t in tasks]
     reused = 0
     for task in tasks:
         for k, link in enumerate(task.meta["links"]):
-            sources = link.get("reuses", {}).values()
-            reused += bool(sources)
-            assert all(j < k or "Attention" in link["name"] for j in sources), task.meta
+            reuses = link.get("reuses", {})
+            compared = link.get("compared", {})
+            reused += bool(reuses)
+            for name, j in reuses.items():
+                assert j < k or "Attention" in link["name"] or name in compared, task.meta
         run_task(task)
         _, inputs = load(task.code)
         assert len(inputs) == 1, task.code  # no operator took a second batch-sized input

@@ -86,8 +86,11 @@ def test_seed_rows_are_ops6k_rows_citing_themselves(catalogue_seeds):
 
 def test_the_recorded_spec_rebuilds_the_validated_call(catalogue_seeds):
     """The spec in a seed's meta survives JSON and, called again, gives the recorded shapes
-    (on meta; on CPU for an operator whose output shape depends on values, torch.where)."""
-    for task in catalogue_seeds:
+    (on meta; on CPU for an operator whose output shape depends on values, torch.nonzero)."""
+    from opsynth.synth.catalog.extract import seeds_in_process
+
+    (nonzero,) = seeds_in_process(["torch.nonzero"])
+    for task in [*catalogue_seeds, nonzero]:
         info = task.meta["seed"]
         stored = json.loads(json.dumps(info["spec"]))
         spec = spec_from_json(stored)
@@ -96,8 +99,7 @@ def test_the_recorded_spec_rebuilds_the_validated_call(catalogue_seeds):
             assert probe.output_shapes(probe.call(spec, "meta")) == info["meta_shapes"], task.ops
         else:
             assert probe.output_shapes(probe.call(spec, "cpu")) == info["output_shapes"]
-    by_name = {t.ops[0]: t.meta["seed"] for t in catalogue_seeds}
-    assert by_name["torch.where"]["shape_source"] == "cpu"
+    assert nonzero.meta["seed"]["shape_source"] == "cpu"
 
 
 def test_learnable_tensors_are_registered(catalogue_seeds):

@@ -115,6 +115,14 @@ class SeedsConfig(_Section):
         "process group); false = what catalogues were made with before (v1.0.0's config pins "
         "it)",
     )
+    condition_overrides: bool = Field(
+        json_schema_extra=added_with(False),
+        default=True,
+        description="derive torch.where in its three-argument form (a bool condition of the "
+        "input's shape, the input and another operand), as Ops-6K calls it, instead of the "
+        "one-argument form the derivation finds; false = what catalogues were made with "
+        "before (v1.0.0's config pins it)",
+    )
     transformers_families: list[str] = Field(
         default=TRANSFORMERS_FAMILIES,
         description="transformers model families walked for layer classes (the released "

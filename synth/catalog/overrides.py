@@ -8,7 +8,8 @@ few operators whose argument shapes depend on each other in ways a name cannot s
 ``high``): ``B`` batch, ``C`` dim 1, ``L`` last dim, ``x`` the whole input shape.
 ``ADDED_OVERRIDES`` and ``UNSCREENED`` came after catalogues were made, for operators of the
 released set the first tables missed; ``seeds.added_overrides`` applies them, so a catalogue
-made before them is extracted again the same way.
+made before them is extracted again the same way. ``CONDITION_OVERRIDES`` came later still
+(``seeds.condition_overrides``).
 """
 
 from __future__ import annotations
@@ -460,6 +461,16 @@ ADDED_OVERRIDES: dict[str, dict[str, Any]] = {
         ],
         "ranks": (3,),
         "accepts": (3,),
+    },
+}
+
+# seeds.condition_overrides: torch.where in its three-argument form, a bool condition of the
+# input's shape choosing between two operands, as the released set calls it (mostly
+# ``torch.where(x > 0, x, other)``); the derived set was the one-argument form, an index
+# tuple whose size is data, since the derivation gives a lone ``condition`` a float.
+CONDITION_OVERRIDES: dict[str, dict[str, Any]] = {
+    "torch.where": {
+        "args": [("condition", "x", {"dtype": "bool"}), ("input", "x"), ("other", "x")],
     },
 }
 

@@ -7,8 +7,9 @@ to a positive range if random normal inputs give NaN (log, sqrt) or are refused 
 The same argument choice is replayed at every other rank on meta, so a seed records every
 rank it accepts and the output shape at each: the shape-function evidence a composer needs.
 ``seeds.added_overrides`` adds the tables written after catalogues were made
-(``overrides.ADDED_OVERRIDES``, ``overrides.UNSCREENED``); off, an extraction derives what
-one made before them did.
+(``overrides.ADDED_OVERRIDES``, ``overrides.UNSCREENED``), ``seeds.condition_overrides`` those
+written after it (``overrides.CONDITION_OVERRIDES``); off, an extraction derives what one made
+before them did.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from opsynth.synth.catalog import derive, introspect, probe
 from opsynth.synth.catalog.introspect import Entry, Param
 from opsynth.synth.catalog.overrides import (
     ADDED_OVERRIDES,
+    CONDITION_OVERRIDES,
     NO_FORWARD,
     NOT_OPERATORS,
     OVERRIDES,
@@ -55,6 +57,7 @@ class TorchCatalog:
         config = config if config is not None else SeedsConfig()
         self.only = frozenset(config.operators)
         self.added = config.added_overrides
+        self.conditions = config.condition_overrides
 
     def specs(self) -> Iterator[CatalogSpec]:
         seen: set[str] = set()
@@ -69,13 +72,15 @@ class TorchCatalog:
             for entry in entries:
                 if entry.name not in seen and (not self.only or entry.name in self.only):
                     seen.add(entry.name)
-                    yield derive_spec(entry, self.added)
+                    yield derive_spec(entry, self.added, self.conditions)
 
 
-def override_table(added: bool) -> Table:
-    """The argument tables a derivation reads: the first ones, and with
-    ``seeds.added_overrides`` those added after catalogues were made."""
-    return {**OVERRIDES, **ADDED_OVERRIDES} if added else OVERRIDES
+def override_table(added: bool, conditions: bool = False) -> Table:
+    """The argument tables a derivation reads: the first ones, with
+    ``seeds.added_overrides`` those added after catalogues were made, and with
+    ``seeds.condition_overrides`` those added after that."""
+    table = {**OVERRIDES, **ADDED_OVERRIDES} if added else OVERRIDES
+    return {**table, **CONDITION_OVERRIDES} if conditions else table
 
 
 def screen(entry: Entry, added: bool) -> str:
@@ -254,12 +259,13 @@ def _positive(spec: CatalogSpec, low_high: tuple[float, float]) -> CatalogSpec:
     return replace(spec, args=tuple(args))
 
 
-def derive_spec(entry: Entry, added: bool) -> CatalogSpec:
-    """The first proposal that runs (``added``: ``seeds.added_overrides``), or the rejection."""
+def derive_spec(entry: Entry, added: bool, conditions: bool = False) -> CatalogSpec:
+    """The first proposal that runs (``added``: ``seeds.added_overrides``; ``conditions``:
+    ``seeds.condition_overrides``), or the rejection."""
     reason = screen(entry, added)
     if reason:
         return _rejected(entry, reason)
-    table = override_table(added)
+    table = override_table(added, conditions)
     if entry.kind == "function" and not introspect.entry_params(entry) and entry.name not in table:
         return _rejected(entry, "no_signature", "neither an aten schema nor a Python signature")
     tried, non_tensor = 0, False
@@ -327,16 +333,23 @@ def _call(spec: CatalogSpec) -> tuple:
 def table_of(spec: CatalogSpec, entry: Entry) -> Table:
     """The tables a seed was derived with. An operator the added tables cover came from them
     when their first proposal at the seed's own input shape is the seed's call; otherwise it
-    was derived without them (``seeds.added_overrides`` off, where a torch version lets the
-    derived set run)."""
+    was derived without them (``seeds.added_overrides`` or ``seeds.condition_overrides`` off,
+    where a torch version lets the derived set run)."""
     main = next((a for a in spec.args if a.tensor), None)
-    if spec.name not in ADDED_OVERRIDES or main is None:
+    if main is None:
         return OVERRIDES
-    added = override_table(True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        first = next(proposals(entry, main.shape, added), None)
-    return added if first is not None and _call(first) == _call(spec) else OVERRIDES
+    for extra, added in (
+        (ADDED_OVERRIDES, override_table(True)),
+        (CONDITION_OVERRIDES, override_table(False, True)),
+    ):
+        if spec.name not in extra:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first = next(proposals(entry, main.shape, added), None)
+        if first is not None and _call(first) == _call(spec):
+            return added
+    return OVERRIDES
 
 
 def rebind(spec: CatalogSpec, shape: Shape, limit: int) -> list[CatalogSpec]:
