@@ -332,12 +332,7 @@ def describe(chain: Chain) -> dict[str, Any]:
         },
         "parameters": {name: list(arg.shape) for name, arg in specs.items() if name in weights},
         "batch_dims": {k: list(v) for k, v in chain.batch_dims.items()},
-        "links": [
-            {"name": link.name, "library": link.spec.library, "pick": list(link.pick)}
-            | ({"reuses": {name: j for name, j, _ in link.reuses}} if link.reuses else {})
-            | ({"compared": {n: f"{t} 0" for n, _, t in link.reuses if t}} if _tested(link) else {})
-            for link in chain.links
-        ],
+        "links": [_described_link(link) for link in chain.links],
         "returns_tuple": chain.returns_tuple,
         "batch_size": chain.batch,
         "scale": 1,
@@ -353,8 +348,21 @@ def describe(chain: Chain) -> dict[str, Any]:
     return described
 
 
-def _tested(link: Link) -> bool:
-    return any(test for _, _, test in link.reuses)
+def _described_link(link: Link) -> dict[str, Any]:
+    """A link's operator, library and continued element; the source of each operand it takes
+    from the chain (``reuses``) and the comparison a bool one makes of it (``compared``),
+    where it has them."""
+    described: dict[str, Any] = {
+        "name": link.name,
+        "library": link.spec.library,
+        "pick": list(link.pick),
+    }
+    if link.reuses:
+        described["reuses"] = {name: j for name, j, _ in link.reuses}
+    compared = {name: f"{test} 0" for name, _, test in link.reuses if test}
+    if compared:
+        described["compared"] = compared
+    return described
 
 
 def render_task(
