@@ -8,7 +8,8 @@ as a parameter (``weight_names``), an integer or bool one as a buffer where the 
 them (``buffer_names``, ``compose.hold_integer_operands``); every other drawn tensor is a task
 input. A batch-sized operand may instead be a value the chain already computed (``reuses``,
 ``compose.reuse_share``): its input, an earlier link's result or, for an attention, the
-running tensor itself; a bool one such a value compared with zero. A link whose operator
+running tensor itself, transposed where only that fits; a bool one such a value compared
+with zero. A link whose operator
 returns several tensors (``topk``, ``nn.LSTM``, ``max(dim)``) continues on the element at
 ``pick``; the last link may return the whole tuple instead. ``execute`` runs a chain on real
 or meta tensors, so the same code path solves shapes, measures cost and checks values; the
@@ -27,7 +28,7 @@ from opsynth.synth.catalog.probe import build, make_tensor, value_of
 from opsynth.synth.catalog.spec import CatalogSpec, InputSpec
 from opsynth.synth.constants import combined
 from opsynth.synth.cost import Cost, counted_as_length, uncounted
-from opsynth.synth.reuse import compared
+from opsynth.synth.reuse import derived
 
 Shape = tuple[int, ...]
 
@@ -41,8 +42,8 @@ class Link:
     operator applying its tensor to the running tensor; empty for every other link.
     ``reuses``: operands (by their ``expanded`` names) that are not drawn but take a value of
     the chain, each with its source: ``j`` is the tensor entering link ``j`` (0: the chain's
-    first input), up to this link's own running tensor; and the comparison with zero a bool
-    operand makes of it (``synth.reuse.TESTS``; "" for the value itself)."""
+    first input), up to this link's own running tensor; and how the operand derives from it
+    (``synth.reuse.derived``: "" the value itself, a comparison with zero, a transpose)."""
 
     seed_id: str
     spec: CatalogSpec
@@ -154,7 +155,7 @@ def without_link(chain: Chain, i: int) -> Chain:
         return j - 1 if j > i else j
 
     links = [
-        replace(link, reuses=tuple((name, moved(j), test) for name, j, test in link.reuses))
+        replace(link, reuses=tuple((name, moved(j), how) for name, j, how in link.reuses))
         for k, link in enumerate(chain.links)
         if k != i
     ]
@@ -273,7 +274,7 @@ def execute(
     for k, (link, fn) in enumerate(zip(chain.links, callables, strict=True)):
         entering.append(running if k else first_input(link, inputs))
         if link.reuses:
-            inputs = {**inputs, **{n: compared(entering[j], t) for n, j, t in link.reuses}}
+            inputs = {**inputs, **{n: derived(entering[j], how) for n, j, how in link.reuses}}
         out = call_link(link, fn, running, inputs)
         following = follow(out, link.pick)
         if trace is not None:

@@ -24,6 +24,7 @@ from opsynth.synth import containers
 from opsynth.synth.catalog.render import DIM_NAMES, draw_expression, literal
 from opsynth.synth.catalog.spec import CatalogSpec
 from opsynth.synth.chain import Chain, Link, buffer_names, reuse_sources, weight_names
+from opsynth.synth.reuse import written
 
 SCALE_NAME = "scale"
 BATCH_NAME = "batch_size"
@@ -195,14 +196,13 @@ def _kept_values(
 ) -> dict[int, str]:
     """The local name each reuse source is kept under (by the link it enters), and how every
     reused operand is written into ``held``: its source's name, ``x`` for the running tensor
-    (the first input's name for the first link), compared with zero for a bool operand."""
+    (the first input's name for the first link), derived as the link takes it."""
     kept: dict[int, str] = {}
     for j in sorted(reuse_sources(chain.links)):
         kept[j] = _claim("residual", taken)
     for k, link in enumerate(chain.links):
-        for name, j, test in link.reuses:
-            source = kept[j] if j < k else ("x" if k else first_name)
-            held[name] = f"{source} {test} 0" if test else source
+        for name, j, how in link.reuses:
+            held[name] = written(kept[j] if j < k else ("x" if k else first_name), how)
     return kept
 
 
@@ -350,8 +350,8 @@ def describe(chain: Chain) -> dict[str, Any]:
 
 def _described_link(link: Link) -> dict[str, Any]:
     """A link's operator, library and continued element; the source of each operand it takes
-    from the chain (``reuses``) and the comparison a bool one makes of it (``compared``),
-    where it has them."""
+    from the chain (``reuses``) and how one derives from it (``derived``: its comparison with
+    zero, its transpose), where it has them."""
     described: dict[str, Any] = {
         "name": link.name,
         "library": link.spec.library,
@@ -359,9 +359,9 @@ def _described_link(link: Link) -> dict[str, Any]:
     }
     if link.reuses:
         described["reuses"] = {name: j for name, j, _ in link.reuses}
-    compared = {name: f"{test} 0" for name, _, test in link.reuses if test}
-    if compared:
-        described["compared"] = compared
+    derivations = {name: written("", how).strip() for name, _, how in link.reuses if how}
+    if derivations:
+        described["derived"] = derivations
     return described
 
 

@@ -1,18 +1,21 @@
-"""Operands a chain takes from itself: a residual connection, self-attention.
+"""Operands a chain takes from itself: a residual connection, self-attention, a condition.
 
 Hand-written fused tasks often feed an operator a tensor the model already has instead of a
 new input: ``torch.cat((x1, attn), dim=-1)`` joins an input to what attention made of it,
 ``x + identity`` adds a block's input back, ``self.attn(x, x, x)`` attends a sequence to
-itself. A link that may not add an input (``compose.multi_input_share``) and whose argument
-set asks for another batch-sized float operand may take, with ``compose.reuse_share``, a value
-of the chain of that operand's shape instead of not being taken: the chain's input or a
-tensor an earlier link produced, and for an attention the running tensor itself (its query as
-key and value). Any other operator given its own running tensor again would
-compute ``x - x`` or a loss of ``x`` against itself, which the degenerate checks refuse, so
-only attention takes it. A batch-sized bool operand (``torch.where``'s condition,
-``masked_fill``'s mask) may be a value of the chain compared with zero, its running tensor
-included (``torch.where(x > 0, x, residual)``), as Ops-6K builds most of its conditions. The
-solver replays the same slots, sources and comparisons at its second batch.
+itself, ``torch.bmm(x, x.transpose(1, 2))`` is a Gram matrix, ``torch.where(x > 0, x, y)``
+tests the tensor it chooses from. A link that may not add an input
+(``compose.multi_input_share``) and whose argument set asks for another batch-sized float or
+bool operand may take, with ``compose.reuse_share``, a value of the chain instead of not
+being taken: the chain's input or a tensor an earlier link produced, of that operand's shape;
+failing that, one whose last two dims swapped (and differ) give that shape, transposed (its
+running tensor included: ``x @ x^T``); for an attention its running tensor itself (its query
+as key and value). Any other operator given its own running tensor again would compute
+``x - x`` or a loss of ``x`` against itself, which the degenerate checks refuse, so only
+attention takes it.
+A bool operand (``torch.where``'s condition, ``masked_fill``'s mask) takes a value of its
+shape compared with zero, the running tensor included, as Ops-6K builds most of its
+conditions. The solver replays the same slots, sources and derivations at its second batch.
 """
 
 from __future__ import annotations
@@ -24,19 +27,40 @@ from typing import Any
 from opsynth.synth.catalog.spec import CatalogSpec
 
 # (argument index, element of a tensor-list argument or None) -> the source it takes, and
-# the comparison with zero a bool operand makes of it ("" for the value itself)
+# how the operand derives from it: "" the value itself, ">" / "<" its comparison with zero
+# (a bool operand), "T" its last two dims swapped
 Slot = tuple[int, int | None]
 Reuse = tuple[Slot, int, str]
 TESTS = (">", "<")
+TRANSPOSED = "T"
 
 
-def compared(value: Any, test: str) -> Any:
-    """A source as the operand takes it: the value itself, or its comparison with zero."""
-    if test == ">":
+def derived(value: Any, how: str) -> Any:
+    """A source as the operand takes it."""
+    if how == ">":
         return value > 0
-    if test == "<":
+    if how == "<":
         return value < 0
+    if how == TRANSPOSED:
+        return value.transpose(-2, -1)
     return value
+
+
+def written(source: str, how: str) -> str:
+    """The operand as the task's code writes it, from the name its source has there."""
+    if how == TRANSPOSED:
+        return f"{source}.transpose(-2, -1)"
+    return f"{source} {how} 0" if how else source
+
+
+def _shape(value: Any, how: str) -> tuple[int, ...] | None:
+    """The operand's shape ``how`` makes of a float value (None: not a float tensor)."""
+    if getattr(value, "dtype", None) is None or not value.is_floating_point():
+        return None
+    shape = tuple(value.shape)
+    if how == TRANSPOSED:
+        return (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else None
+    return shape
 
 
 def takes_itself(spec: CatalogSpec) -> bool:
@@ -72,30 +96,34 @@ def draw_reuses(
     values: Sequence[Any],
     rng: random.Random,
 ) -> tuple[Reuse, ...] | None:
-    """A source for every batch-sized float or bool operand of ``spec`` among ``values`` (the
-    tensors entering each link so far, the running tensor last; for the first link, its own
-    first input), drawn by ``rng`` among the float ones of the operand's shape, a bool
-    operand with a comparison drawn from ``TESTS``; None when an operand has none (an index),
-    or there is no such operand."""
+    """A source and a derivation for every batch-sized float or bool operand of ``spec``
+    among ``values`` (the tensors entering each link so far, the running tensor last; for the
+    first link, its own first input), drawn by ``rng`` among those that fit (module
+    docstring); None when an operand has none (an index), or there is no such operand."""
     slots = operand_slots(spec, main, running)
     if not slots:
         return None
     own = len(values) - 1
     reuses = []
     for slot, shape, dtype in slots:
-        mask = dtype == "bool"
-        fits = [
-            j
-            for j, value in enumerate(values)
-            if (j < own or mask or takes_itself(spec))
-            and dtype in ("float32", "bool")
-            and getattr(value, "dtype", None) is not None
-            and value.is_floating_point()
-            and tuple(value.shape) == shape
-        ]
+        if dtype == "bool":
+            fits = [(j, rng.choice(TESTS)) for j, v in enumerate(values) if _shape(v, "") == shape]
+        elif dtype == "float32":
+            fits = [
+                (j, "")
+                for j, v in enumerate(values)
+                if (j < own or takes_itself(spec)) and _shape(v, "") == shape
+            ]
+            fits = fits or [
+                (j, TRANSPOSED)
+                for j, v in enumerate(values)
+                if _shape(v, TRANSPOSED) == shape != _shape(v, "")  # a square one is taken as is
+            ]
+        else:
+            return None
         if not fits:
             return None
-        reuses.append((slot, rng.choice(fits), rng.choice(TESTS) if mask else ""))
+        reuses.append((slot, *rng.choice(fits)))
     return tuple(reuses)
 
 
@@ -103,17 +131,19 @@ def named(reuses: Sequence[Reuse], names: Sequence[str | None]) -> tuple[tuple[s
     """The reuses by their operands' input names (``chain.expanded``'s: ``name`` or
     ``name_j`` for a list's element), as ``Link.reuses`` holds them."""
     out = []
-    for (i, element), source, test in reuses:
+    for (i, element), source, how in reuses:
         name = names[i]
         assert name is not None, "a reused operand is a drawn tensor argument"
-        out.append((name if element is None else f"{name}_{element}", source, test))
+        out.append((name if element is None else f"{name}_{element}", source, how))
     return tuple(out)
 
 
 def fits_again(reuses: Sequence[Reuse], spec: CatalogSpec, values: Sequence[Any]) -> bool:
-    """Whether every reused operand's source still has the operand's shape (the replay at
+    """Whether every reused operand's source still gives the operand's shape (the replay at
     the solver's second batch)."""
-    for (i, _), source, _test in reuses:
-        if source >= len(values) or tuple(values[source].shape) != tuple(spec.args[i].shape):
+    for (i, _), source, how in reuses:
+        if source >= len(values):
+            return False
+        if _shape(values[source], "" if how in TESTS else how) != tuple(spec.args[i].shape):
             return False
     return True

@@ -40,7 +40,7 @@ from opsynth.synth.cost import Cost, cost_of, counting, total
 from opsynth.synth.degenerate import Degenerate, is_dropout
 from opsynth.synth.implicit_dim import implicit_dim, names_dim
 from opsynth.synth.optional_args import draw_optional
-from opsynth.synth.reuse import Reuse, compared, draw_reuses, fits_again, named
+from opsynth.synth.reuse import Reuse, derived, draw_reuses, fits_again, named
 from opsynth.synth.sampling import profile_arguments
 from opsynth.synth.sorting import stable_sort
 
@@ -259,7 +259,7 @@ def _first_value(spec: CatalogSpec) -> Any:
 
 
 def _reused(link: Link, values: Sequence[Any]) -> dict[str, Any]:
-    return {name: compared(values[j], test) for name, j, test in link.reuses}
+    return {name: derived(values[j], how) for name, j, how in link.reuses}
 
 
 def _try_link(

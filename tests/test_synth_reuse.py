@@ -33,6 +33,7 @@ OPERATORS = (
     "nn.MultiheadAttention",
     "torch.where",
     "torch.masked_fill",
+    "torch.bmm",
 )
 REUSING = {"reuse_share": 1.0, "multi_input_share": 0.0}
 
@@ -131,6 +132,19 @@ def test_a_bool_operand_is_a_value_of_the_chain_compared_with_zero(seeds, op):
     assert mask.any() and not mask.all()
 
 
+def test_an_operand_of_the_swapped_shape_is_a_value_transposed(seeds):
+    chain = _solved(seeds, ["torch.tanh", "torch.bmm"])
+    ((_, source, how),) = chain.links[1].reuses
+    assert how == "T" and source in (0, 1)  # the input or the running tensor: x @ x^T
+    out, code = _agree(chain)
+    assert ".transpose(-2, -1))" in code, code
+    _, inputs = load(code)
+    batch, rows, _ = inputs["x"].shape
+    assert out.shape == (batch, rows, rows)
+    if source == 1:  # a Gram matrix: symmetric
+        torch.testing.assert_close(out, out.transpose(-2, -1))
+
+
 def _agree_code(code: str) -> tuple[torch.Tensor, dict]:
     model, inputs = load(code)
     with torch.no_grad():
@@ -186,10 +200,10 @@ def test_composed_tasks_reuse_and_run(seeds):
     for task in tasks:
         for k, link in enumerate(task.meta["links"]):
             reuses = link.get("reuses", {})
-            compared = link.get("compared", {})
+            derived = link.get("derived", {})
             reused += bool(reuses)
             for name, j in reuses.items():
-                assert j < k or "Attention" in link["name"] or name in compared, task.meta
+                assert j < k or "Attention" in link["name"] or name in derived, task.meta
         run_task(task)
         _, inputs = load(task.code)
         assert len(inputs) == 1, task.code  # no operator took a second batch-sized input

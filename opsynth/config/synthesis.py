@@ -281,12 +281,14 @@ class ComposeConfig(_Section):
         "dim, reduction...) tried before an operator's derived values",
     )
     tuple_output_share: float = Field(
-        default=0.18,
+        default=0.16,
         ge=0,
         le=1,
         description="share of chains that end on an operator returning a tuple (topk, LSTM, "
         "max(dim)) and return all of it; elsewhere such an operator continues on one element. "
-        "Above Ops-6K's ~10% because the filters reject tuple-returning tasks more often",
+        "Set so that about 11.5% of composed tasks return a tuple, above Ops-6K's ~10% "
+        "because the filters reject tuple-returning tasks more often (0.18 before "
+        "seeds.condition_overrides; v1.0.0's config pins it)",
     )
     int_input_share: float = Field(
         default=0.08,
@@ -296,7 +298,7 @@ class ComposeConfig(_Section):
         "inputs first (an index, a mask, integer operands), where it takes them",
     )
     multi_input_share: float = Field(
-        default=0.28,
+        default=0.3,
         ge=0,
         le=1,
         description="chance that an operator may take another batch-sized input (x + y, "
@@ -344,11 +346,13 @@ class ComposeConfig(_Section):
         le=1,
         description="chance that an operator whose arguments ask for another batch-sized "
         "operand, where the chain adds no input (1 - multi_input_share), takes a value the "
-        "chain already has, of that operand's shape, instead of not being taken there: the "
-        "chain's input or an earlier operator's result (a residual add, torch.cat((x, attn))), "
-        "or for an attention its running tensor (self.attn(x, x, x)), as Ops-6K's tasks often "
-        "do (synth/reuse.py); 0 = no operand is taken from the chain, what runs composed "
-        "before (v1.0.0's config pins it)",
+        "chain already has instead of not being taken there: the chain's input or an earlier "
+        "operator's result of that operand's shape (a residual add, torch.cat((x, attn))), "
+        "else one transposed to it (torch.bmm(x, x.transpose(-2, -1))), for an attention its "
+        "running tensor (self.attn(x, x, x)), and for a bool operand such a value compared "
+        "with zero (torch.where(x > 0, x, y)), as Ops-6K's tasks often do (synth/reuse.py); "
+        "0 = no operand is taken from the chain, what runs composed before (v1.0.0's config "
+        "pins it)",
     )
     batch_range: tuple[int, int] = Field(
         default=(2, 65536),
