@@ -9,11 +9,11 @@ them (``buffer_names``, ``compose.hold_integer_operands``); every other drawn te
 input. A batch-sized operand may instead be a value the chain already computed (``reuses``,
 ``compose.reuse_share``): its input, an earlier link's result or, for an attention, the
 running tensor itself, transposed where only that fits; a bool one such a value compared
-with zero. A link whose operator
-returns several tensors (``topk``, ``nn.LSTM``, ``max(dim)``) continues on the element at
-``pick``; the last link may return the whole tuple instead. ``execute`` runs a chain on real
-or meta tensors, so the same code path solves shapes, measures cost and checks values; the
-renderer (``synth.emit``) writes the same calls as source.
+with zero. A link whose operator returns several tensors (``topk``, ``nn.LSTM``,
+``max(dim)``) continues on the element at ``pick``; the last link may return the whole tuple
+instead. ``execute`` runs a chain on real or meta tensors, so the same code path solves
+shapes, measures cost and checks values; the renderer (``synth.emit``) writes the same calls
+as source.
 """
 
 from __future__ import annotations
@@ -274,13 +274,19 @@ def execute(
     for k, (link, fn) in enumerate(zip(chain.links, callables, strict=True)):
         entering.append(running if k else first_input(link, inputs))
         if link.reuses:
-            inputs = {**inputs, **{n: derived(entering[j], how) for n, j, how in link.reuses}}
+            inputs = {**inputs, **reused_operands(link, entering)}
         out = call_link(link, fn, running, inputs)
         following = follow(out, link.pick)
         if trace is not None:
             trace.append((running, following))
         running = following
     return out if chain.returns_tuple else running
+
+
+def reused_operands(link: Link, entering: Sequence[Any]) -> dict[str, Any]:
+    """The operands a link takes from the chain, by name, from the tensors that entered each
+    link up to it (``Link.reuses``)."""
+    return {name: derived(entering[j], how) for name, j, how in link.reuses}
 
 
 def first_input(link: Link, inputs: Mapping[str, Any]) -> Any:

@@ -54,7 +54,8 @@ def written(source: str, how: str) -> str:
 
 
 def _shape(value: Any, how: str) -> tuple[int, ...] | None:
-    """The operand's shape ``how`` makes of a float value (None: not a float tensor)."""
+    """The operand's shape ``how`` makes of a float value, a comparison keeping it (None: not
+    a float tensor)."""
     if getattr(value, "dtype", None) is None or not value.is_floating_point():
         return None
     shape = tuple(value.shape)
@@ -73,7 +74,7 @@ def operand_slots(
 ) -> list[tuple[Slot, tuple[int, ...], str]]:
     """The operands of an argument set that are batch-sized tensors besides the running one
     (the first link's first tensor standing in for it), with their shapes and dtypes: the
-    operands ``solve._adds_input`` counts as another input."""
+    operands that make an argument set add an input (``solve._adds_input``)."""
     first = (
         main if main is not None else next((i for i, a in enumerate(spec.args) if a.tensor), None)
     )
@@ -144,6 +145,6 @@ def fits_again(reuses: Sequence[Reuse], spec: CatalogSpec, values: Sequence[Any]
     for (i, _), source, how in reuses:
         if source >= len(values):
             return False
-        if _shape(values[source], "" if how in TESTS else how) != tuple(spec.args[i].shape):
+        if _shape(values[source], how) != tuple(spec.args[i].shape):
             return False
     return True

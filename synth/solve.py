@@ -33,6 +33,7 @@ from opsynth.synth.chain import (
     first_input,
     follow,
     layout,
+    reused_operands,
     tensors_in,
 )
 from opsynth.synth.constants import COMBINE, is_constant, sized
@@ -40,7 +41,7 @@ from opsynth.synth.cost import Cost, cost_of, counting, total
 from opsynth.synth.degenerate import Degenerate, is_dropout
 from opsynth.synth.implicit_dim import implicit_dim, names_dim
 from opsynth.synth.optional_args import draw_optional
-from opsynth.synth.reuse import Reuse, derived, draw_reuses, fits_again, named
+from opsynth.synth.reuse import Reuse, draw_reuses, fits_again, named, operand_slots
 from opsynth.synth.sampling import profile_arguments
 from opsynth.synth.sorting import stable_sort
 
@@ -229,18 +230,8 @@ def _takes_integers(spec: CatalogSpec) -> bool:
 def _adds_input(spec: CatalogSpec, running: tuple[int, ...], first: bool = False) -> bool:
     """Whether an argument set asks for another batch-sized input besides the running
     tensor (a later link's ``main``, the first link's first tensor), rather than batch-free
-    operands, which the task holds as parameters."""
-    if first:
-        main = next((i for i, a in enumerate(spec.args) if a.tensor), None)
-    else:
-        main = main_index(spec, "float32")
-    return any(
-        a.tensor
-        and (i != main or a.count > 1)  # a tensor list's further elements are inputs too
-        and a.shape[:1] == running[:1]
-        and len(a.shape) >= len(running)
-        for i, a in enumerate(spec.args)
-    )
+    operands, which the task holds as parameters: the operands ``synth.reuse`` may fill."""
+    return bool(operand_slots(spec, None if first else main_index(spec, "float32"), running))
 
 
 def _main_input(link_spec: CatalogSpec, main: int | None) -> InputSpec | None:
@@ -256,10 +247,6 @@ def _first_value(spec: CatalogSpec) -> Any:
     a constructor, which draws none)."""
     arg = next((a for a in spec.args if a.tensor), None)
     return None if arg is None else make_tensor(replace(arg, count=0), "meta")
-
-
-def _reused(link: Link, values: Sequence[Any]) -> dict[str, Any]:
-    return {name: derived(values[j], how) for name, j, how in link.reuses}
 
 
 def _try_link(
@@ -605,7 +592,7 @@ class Solver:
         link = Link(key[0], spec, main, names, reuses=named(reuses, names))
         trial = {**state.inputs, **_meta_inputs([link])}
         if link.reuses:
-            trial.update(_reused(link, self._values(state, link, trial)))
+            trial.update(reused_operands(link, self._values(state, link, trial)))
         return link, trial, *self._propagate((*key, varied), link, state.running, trial)
 
     def _replay(self, seeds: Sequence[Seed], choices: Sequence[_Choice], shape) -> list[Link]:
@@ -634,7 +621,7 @@ class Solver:
             values = [*entering, running] if position else [first_input(link, inputs)]
             if not fits_again(choice.reuses, spec, values):
                 raise Degenerate("batch", f"{seed.spec.name}: a reused operand's shape differs")
-            inputs.update(_reused(link, values))
+            inputs.update(reused_operands(link, values))
             entering.append(values[-1])
             key = (seed.id, position == 0, target, dtype, choice.index, choice.varied)
             out, _ = self._propagate(key, link, running, inputs)

@@ -338,17 +338,15 @@ def table_of(spec: CatalogSpec, entry: Entry) -> Table:
     main = next((a for a in spec.args if a.tensor), None)
     if main is None:
         return OVERRIDES
-    for extra, added in (
-        (ADDED_OVERRIDES, override_table(True)),
-        (CONDITION_OVERRIDES, override_table(False, True)),
-    ):
+    for extra, flags in ((ADDED_OVERRIDES, (True, False)), (CONDITION_OVERRIDES, (False, True))):
         if spec.name not in extra:
             continue
+        table = override_table(*flags)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            first = next(proposals(entry, main.shape, added), None)
+            first = next(proposals(entry, main.shape, table), None)
         if first is not None and _call(first) == _call(spec):
-            return added
+            return table
     return OVERRIDES
 
 
